@@ -1,0 +1,33 @@
+# Two commands on a fresh machine:  `make demo`  and  `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+## Evaluate the offline example agent: Prefect's ephemeral API, local store ./.evalsnap
+demo: $(STAMP)
+	$(BIN)/evalsnap run examples/shop_agent examples/shop_agent/shop.evalset.json --store ./.evalsnap; \
+	code=$$?; echo "evalsnap exited $$code (0 passed, 1 quality failure, 3 incomplete; the demo has cases designed to fail)"; \
+	test $$code -le 3
+
+## The test suite (starts its own prefect server, moto and fake-gcs-server on 127.0.0.1)
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+lint: $(STAMP)
+	$(BIN)/ruff check evalsnap storage flows tasks tests
+	$(BIN)/mypy evalsnap storage
+
+clean:
+	rm -rf .evalsnap examples/shop_agent/.adk

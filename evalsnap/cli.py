@@ -1,0 +1,186 @@
+"""The ``evalsnap`` command line (the public contract in DESIGN.md)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import typer
+
+from evalsnap._prefect_env import apply_defaults
+
+apply_defaults()
+
+from rich.console import Console  # noqa: E402
+
+from evalsnap import errors, repo  # noqa: E402
+from evalsnap.report import EXIT_USAGE, exit_code, score_table, summary  # noqa: E402
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Auditable, reusable evaluations of Google ADK agents.")
+err = Console(stderr=True)
+out = Console()
+
+StoreOpt = Annotated[str, typer.Option("--store", envvar="EVALSNAP_STORE",
+                                       help="Store URL: local path, s3://…, gs://…")]
+OptionOpt = Annotated[list[str] | None, typer.Option(
+    "--storage-option", help="KEY=VALUE passed to the fsspec backend (repeatable)")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout")]
+
+
+def _storage_options(pairs: list[str] | None) -> dict[str, str]:
+    opts = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise errors.UsageError(f"--storage-option {pair!r} must look like KEY=VALUE.")
+        k, v = pair.split("=", 1)
+        opts[k.strip()] = v
+    return opts
+
+
+@contextmanager
+def _handled():
+    """Typed errors become a message on stderr and exit 2."""
+    from storage import StorageError
+
+    try:
+        yield
+    except (errors.EvalsnapError, StorageError) as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(getattr(exc, "exit_code", EXIT_USAGE)) from None
+
+
+def _emit(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(result, sort_keys=False, default=str) + "\n")
+        sys.stdout.flush()
+    else:
+        out.print(score_table(result))
+        out.print(f"record {result['record_id']}  snapshot {result['snapshot_id']}")
+
+
+@contextmanager
+def _progress(enabled: bool, totals: dict[str, int]):
+    if not enabled:
+        yield
+        return
+    from rich.progress import Progress
+
+    from evalsnap import progress
+
+    with Progress(console=err, transient=True) as bar:
+        ids = {stage: bar.add_task(stage, total=total) for stage, total in totals.items()}
+        unsubscribe = progress.subscribe(lambda stage: bar.advance(ids[stage]) if stage in ids
+                                         else None)
+        try:
+            yield
+        finally:
+            unsubscribe()
+
+
+def _run_flow(flow_fn: Any, **params: Any) -> dict[str, Any]:
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    logging.getLogger("google_adk").setLevel(logging.ERROR)
+    try:
+        with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+            return flow_fn(**params)
+    except ValueError:
+        return flow_fn(**params)
+
+
+@app.command()
+def run(
+    agent_dir: Annotated[str, typer.Argument(help="ADK agent package directory")],
+    evalset: Annotated[str, typer.Argument(help=".evalset.json file")],
+    config: Annotated[str | None, typer.Option(help="test_config.json (default: beside EVALSET)")] = None,
+    store: StoreOpt = ".evalsnap",
+    storage_option: OptionOpt = None,
+    reuse: Annotated[bool, typer.Option(help="Reuse complete, compatible earlier work")] = False,
+    force: Annotated[bool, typer.Option(help="Score again although a reusable result exists")] = False,
+    metric: Annotated[list[str] | None, typer.Option(help="Only this metric (repeatable)")] = None,
+    case: Annotated[list[str] | None, typer.Option(help="Only this eval_id (repeatable)")] = None,
+    repetitions: Annotated[int, typer.Option(help="Runs of the agent per case")] = 1,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run the agent on every case, freeze, score, publish."""
+    with _handled():
+        repo.configure_store(store, _storage_options(storage_option))
+        from evalsnap.planning import plan_run
+
+        plan = plan_run(agent_dir, evalset, config, store, metric, case, repetitions)
+        from flows.evaluate import evaluate
+
+        n_inf = len(plan.case_ids) * repetitions
+        with _progress(not as_json and err.is_terminal,
+                       {"inference": n_inf, "scoring": n_inf * len(plan.metric_names)}):
+            result = _run_flow(evaluate, agent_dir=agent_dir, evalset=evalset, config=config,
+                               store=store, reuse=reuse, force=force, metrics=metric, cases=case,
+                               repetitions=repetitions)
+    _emit(result, as_json)
+    raise typer.Exit(result["exit_code"])
+
+
+@app.command()
+def rescore(
+    run_or_snapshot: Annotated[str, typer.Argument(help="Run id, record id, snapshot id or 'latest'")],
+    evalset: Annotated[str | None, typer.Option(help="Edited .evalset.json")] = None,
+    config: Annotated[str | None, typer.Option(help="test_config.json")] = None,
+    store: StoreOpt = ".evalsnap",
+    storage_option: OptionOpt = None,
+    reuse: Annotated[bool, typer.Option(help="Reuse complete, compatible units")] = False,
+    force: Annotated[bool, typer.Option(help="Score every unit again")] = False,
+    metric: Annotated[list[str] | None, typer.Option(help="Only this metric (repeatable)")] = None,
+    case: Annotated[list[str] | None, typer.Option(help="Only this eval_id (repeatable)")] = None,
+    code_path: Annotated[list[str] | None, typer.Option(help="Directory to import custom metrics from")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Score frozen inference again with new references or rules; never calls the agent."""
+    with _handled():
+        repo.configure_store(store, _storage_options(storage_option))
+        from evalsnap.planning import plan_rescore
+
+        paths = list(code_path or [])
+        if evalset and not paths:
+            # custom metrics usually live in the agent package beside the eval set
+            paths = [os.path.dirname(os.path.dirname(os.path.abspath(evalset)))]
+        plan_rescore(run_or_snapshot, store, evalset, config, metric, case, paths)
+        from flows.rescore import rescore as rescore_flow
+
+        result = _run_flow(rescore_flow, run_or_snapshot=run_or_snapshot, evalset=evalset,
+                           config=config, store=store, reuse=reuse, force=force, metrics=metric,
+                           cases=case, code_paths=paths)
+    _emit(result, as_json)
+    raise typer.Exit(result["exit_code"])
+
+
+@app.command()
+def show(
+    record: Annotated[str, typer.Argument(help="Run id, record id or 'latest'")],
+    store: StoreOpt = ".evalsnap",
+    storage_option: OptionOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a record with everything it links resolved."""
+    from evalsnap.show import full_record
+
+    with _handled():
+        repo.configure_store(store, _storage_options(storage_option))
+        s = repo.open_store(store)
+        oid, rec = repo.resolve_record(s, record)
+        if as_json:
+            sys.stdout.write(json.dumps(full_record(s, oid, rec), default=str) + "\n")
+        else:
+            _emit(summary(s, oid, rec), False)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

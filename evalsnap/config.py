@@ -1,0 +1,237 @@
+"""test_config.json → resolved scoring rules and a metric registry.
+
+The file is ADK's ``EvalConfig`` (camelCase). evalsnap reads two optional
+extensions that ADK ignores: ``customMetrics.<name>.version`` (a trusted
+implementation version; without it a custom metric is never reused) and the
+top-level ``evalsnapPlugins`` / ``metricVersions`` keys.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from google.adk.evaluation.custom_metric_evaluator import (
+    _CustomMetricEvaluator,
+    _get_metric_function,
+)
+from google.adk.evaluation.eval_config import EvalConfig
+from google.adk.evaluation.eval_metrics import BaseCriterion, EvalMetric
+from google.adk.evaluation.metric_evaluator_registry import (
+    DEFAULT_METRIC_EVALUATOR_REGISTRY,
+    MetricEvaluatorRegistry,
+    register_custom_metrics_from_config,
+)
+from google.adk.version import __version__ as ADK_VERSION
+from pydantic import ValidationError
+
+import evalsnap.context  # noqa: F401  (installs the EvaluationContext shim first)
+from evalsnap import plugins
+from evalsnap.errors import ConfigError, InputFileError, MetricImportError
+from evalsnap.fingerprint import fingerprint
+from evalsnap.records import EvaluatorIdentity, MetricRule
+
+_EXTENSION_KEYS = ("evalsnapPlugins", "metricVersions")
+
+
+@dataclass
+class LoadedConfig:
+    """A validated config: ADK's model, evalsnap's rules, and a private registry."""
+
+    raw: dict[str, Any]
+    eval_config: EvalConfig
+    rules: list[MetricRule]
+    registry: MetricEvaluatorRegistry
+    custom_paths: dict[str, str] = field(default_factory=dict)
+    where: str = "<config>"
+
+    def eval_metric(self, rule: MetricRule) -> EvalMetric:
+        return eval_metric_for(rule, self.custom_paths.get(rule.metric_name))
+
+
+def eval_metric_for(rule: MetricRule, custom_path: str | None) -> EvalMetric:
+    """Builds ADK's EvalMetric for a rule, as ADK's own config reader does."""
+    criterion = BaseCriterion.model_validate(rule.criterion)
+    metric = EvalMetric(
+        metric_name=rule.metric_name,
+        threshold=rule.threshold,
+        criterion=criterion,
+        custom_function_path=custom_path,
+    )
+    metric._config_custom_function_path = custom_path  # noqa: SLF001 (ADK's own route)
+    return metric
+
+
+def read_config_file(path: str | Path | None) -> tuple[dict[str, Any], str]:
+    """Reads the JSON; a missing path means ADK's default criteria."""
+    if path is None:
+        return {"criteria": {"tool_trajectory_avg_score": 1.0, "response_match_score": 0.8}}, (
+            "<default criteria>"
+        )
+    p = Path(path)
+    if not p.is_file():
+        raise InputFileError(f"config {p} does not exist; pass --config test_config.json.")
+    try:
+        raw = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"config {p} is not valid JSON: {exc}; fix the file.") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config {p} must be a JSON object with `criteria`.")
+    return raw, str(p)
+
+
+def _split_extensions(raw: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """Removes evalsnap-only keys so ADK's parser sees an ADK config."""
+    adk = {k: v for k, v in raw.items() if k not in _EXTENSION_KEYS}
+    versions: dict[str, str] = {}
+    declared = raw.get("metricVersions", {}) or {}
+    if not isinstance(declared, dict):
+        raise ConfigError(f"{where}: `metricVersions` must map metric names to version strings.")
+    versions.update({str(k): str(v) for k, v in declared.items()})
+    customs = adk.get("customMetrics", adk.get("custom_metrics"))
+    if customs is not None and not isinstance(customs, dict):
+        raise ConfigError(f"{where}: `customMetrics` must be an object keyed by metric name.")
+    if customs:
+        cleaned = {}
+        for name, entry in customs.items():
+            if not isinstance(entry, dict):
+                raise ConfigError(
+                    f"{where}: customMetrics.{name} must be an object with codeConfig.name."
+                )
+            entry = dict(entry)
+            if "version" in entry:
+                versions[name] = str(entry.pop("version"))
+            cleaned[name] = entry
+        adk["customMetrics" if "customMetrics" in adk else "custom_metrics"] = cleaned
+    return adk, versions
+
+
+def _template_hash(evaluator_type: type) -> str | None:
+    module = sys.modules.get(evaluator_type.__module__)
+    prompts = sorted(
+        (name, value)
+        for name, value in vars(module).items()
+        if "PROMPT" in name.upper() and isinstance(value, str)
+    ) if module else []
+    return fingerprint("prompt", prompts) if prompts else None
+
+
+def _identity(name: str, evaluator_type: type, custom_path: str | None, version: str | None,
+              judge: bool) -> EvaluatorIdentity:
+    if custom_path is not None:
+        return EvaluatorIdentity(kind="custom_function", name=custom_path, version=version)
+    qualname = f"{evaluator_type.__module__}.{evaluator_type.__qualname__}"
+    if evaluator_type.__module__.startswith("google.adk."):
+        return EvaluatorIdentity(
+            kind="builtin", name=qualname, adk_version=ADK_VERSION,
+            template_hash=_template_hash(evaluator_type) if judge else None,
+        )
+    version = version or getattr(evaluator_type, "version", None)
+    return EvaluatorIdentity(kind="custom_class", name=qualname, version=version,
+                             template_hash=_template_hash(evaluator_type) if judge else None)
+
+
+def load_config(path: str | Path | None) -> LoadedConfig:
+    raw, where = read_config_file(path)
+    return resolve_config(raw, where=where)
+
+
+def resolve_config(raw: dict[str, Any], *, where: str = "<config>") -> LoadedConfig:
+    """Validates a config, imports its metrics, and resolves every rule.
+
+    Everything that can be wrong with a config is found here, before any agent call.
+    """
+    plugins.load_entry_point_plugins()
+    modules = raw.get("evalsnapPlugins", []) or []
+    if not isinstance(modules, list) or not all(isinstance(m, str) for m in modules):
+        raise ConfigError(f"{where}: `evalsnapPlugins` must be a list of module paths.")
+    plugins.load_module_plugins(modules)
+    adk_raw, versions = _split_extensions(raw, where)
+    try:
+        eval_config = EvalConfig.model_validate(adk_raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        raise ConfigError(
+            f"{where} is not a valid ADK test_config: {err.get('msg')} at `{loc}`. "
+            "A criterion is a number (the threshold) or an object with `threshold`."
+        ) from exc
+    if not eval_config.criteria:
+        raise ConfigError(f"{where} names no metric under `criteria`; add at least one.")
+    registry = register_custom_metrics_from_config(
+        eval_config, DEFAULT_METRIC_EVALUATOR_REGISTRY.fork()
+    )
+    custom_paths = {
+        name: cfg.code_config.name for name, cfg in (eval_config.custom_metrics or {}).items()
+    }
+    infos = {info.metric_name: info for info in registry.get_registered_metrics()}
+    rules = [
+        _resolve_rule(name, criterion, registry, infos, custom_paths, versions, where)
+        for name, criterion in eval_config.criteria.items()
+    ]
+    return LoadedConfig(raw=raw, eval_config=eval_config, rules=rules, registry=registry,
+                        custom_paths={k: v for k, v in custom_paths.items()
+                                      if k in eval_config.criteria}, where=where)
+
+
+def _resolve_rule(name: str, criterion: Any, registry: MetricEvaluatorRegistry,
+                  infos: dict[str, Any], custom_paths: dict[str, str],
+                  versions: dict[str, str], where: str) -> MetricRule:
+    if name not in infos:
+        known = ", ".join(sorted(infos))
+        raise ConfigError(
+            f"{where}: metric {name!r} is not known. Built-in metrics: {known}. For a custom "
+            f"metric, name it under both `criteria` and `customMetrics` with codeConfig.name."
+        )
+    evaluator_type = registry._registry[name][0]  # noqa: SLF001
+    custom_path = custom_paths.get(name)
+    if issubclass(evaluator_type, _CustomMetricEvaluator):
+        if custom_path is None:
+            raise ConfigError(f"{where}: custom metric {name!r} has no codeConfig.name.")
+        try:
+            fn = _get_metric_function(custom_path)
+        except ImportError as exc:
+            cause = exc.__cause__ or exc
+            raise MetricImportError(
+                f"{where}: custom metric {name!r}: cannot import {custom_path!r} ({cause}). "
+                "The path must match the module file and function names, importable from the "
+                "agent's parent directory (e.g. my_agent.metrics.my_fn)."
+            ) from exc
+        if len(inspect.signature(fn).parameters) < 4:
+            raise ConfigError(
+                f"{where}: custom metric {name!r} ({custom_path}) must accept four positional "
+                "arguments (metric, actual, expected, scenario)."
+            )
+    base = criterion if isinstance(criterion, BaseCriterion) else BaseCriterion(threshold=criterion)
+    try:
+        resolved = evaluator_type.criterion_type.model_validate(base.model_dump())
+    except ValidationError as exc:
+        raise ConfigError(
+            f"{where}: criterion of {name!r} is not a valid "
+            f"{evaluator_type.criterion_type.__name__}: {exc.errors()[0].get('msg')}."
+        ) from exc
+    resolved_data = resolved.model_dump(mode="json", by_alias=True)
+    fields = evaluator_type.criterion_type.model_fields
+    known = set(fields) | {f.alias for f in fields.values() if f.alias}
+    for key, value in (base.model_extra or {}).items():
+        if key not in known:  # keep extra keys a custom criterion reads, spelled as given
+            resolved_data.setdefault(key, value)
+    probe = EvalMetric(metric_name=name, threshold=resolved.threshold,
+                       criterion=BaseCriterion.model_validate(resolved_data))
+    probe._config_custom_function_path = custom_path  # noqa: SLF001
+    try:
+        evaluator = registry.get_evaluator(probe)
+    except Exception as exc:
+        raise ConfigError(f"{where}: metric {name!r} cannot be set up: {exc}.") from exc
+    judge = hasattr(evaluator, "_judge_model")
+    identity = _identity(name, evaluator_type, custom_path, versions.get(name), judge)
+    rule_body = {"metric_name": name, "criterion": resolved_data, "evaluator": identity}
+    return MetricRule(
+        metric_name=name, threshold=float(resolved.threshold), criterion=resolved_data,
+        evaluator=identity, metric_info=infos[name].model_dump(mode="json", by_alias=True),
+        judge=judge, rule_fingerprint=fingerprint("rule", rule_body),
+    )

@@ -1,0 +1,46 @@
+"""Small, JSON-serializable values that stages pass to each other (and Prefect caches)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class InferenceOutcome(BaseModel):
+    """What an inference task returns: ids, not the inference itself."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    eval_id: str
+    repetition: int = 0
+    oid: str
+    fingerprint: str
+    status: Literal["success", "failure"]
+    model_calls: int = 0
+    run_id: str
+    """The run that produced the record (differs from the current run when reused)."""
+    error: str | None = None
+
+
+class UnitOutcome(BaseModel):
+    """What a scoring task returns per unit."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    eval_id: str
+    repetition: int = 0
+    metric_name: str
+    unit_oid: str
+    unit_fingerprint: str
+    case_fingerprint: str
+    rule_fingerprint: str
+    complete: bool
+    status: str
+    score: float | None = None
+    judge_calls: int = 0
+    reused_judge_samples: int = 0
+    run_id: str
+    """The run that scored the unit."""
+    reused_from_record: str | None = None
+    why: str

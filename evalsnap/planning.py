@@ -1,0 +1,157 @@
+"""Everything checked before any model call: agent, eval set, config, selection, store."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from google.adk.evaluation.eval_set import EvalSet
+
+from evalsnap import repo
+from evalsnap.agent import LoadedAgent, ensure_importable, load_agent
+from evalsnap.config import LoadedConfig, load_config, resolve_config
+from evalsnap.errors import ConfigError, NotFoundError, UsageError
+from evalsnap.evalset import load_eval_set
+from evalsnap.inference import inference_fingerprint
+from evalsnap.outcomes import InferenceOutcome
+from evalsnap.records import EvaluationRecord, Snapshot
+
+
+@dataclass
+class Plan:
+    """A validated run: what to infer, what to score, where to store it."""
+
+    store_url: str
+    eval_set: EvalSet
+    config: LoadedConfig
+    agent: LoadedAgent | None = None
+    repetitions: int = 1
+    metric_names: list[str] = field(default_factory=list)
+    case_ids: list[str] = field(default_factory=list)
+    sys_paths: list[str] = field(default_factory=list)
+    # rescore only
+    source: str | None = None
+    source_outcomes: list[InferenceOutcome] = field(default_factory=list)
+    skipped_cases: list[str] = field(default_factory=list)
+    uninferred_cases: list[str] = field(default_factory=list)
+
+    @property
+    def config_json(self) -> str:
+        return json.dumps(self.config.raw, sort_keys=True)
+
+    def selected_eval_set(self) -> EvalSet:
+        cases = [c for c in self.eval_set.eval_cases if c.eval_id in set(self.case_ids)]
+        return self.eval_set.model_copy(update={"eval_cases": cases})
+
+    def selected_rules(self) -> list[Any]:
+        return [r for r in self.config.rules if r.metric_name in set(self.metric_names)]
+
+
+def default_config_path(evalset: str | Path) -> Path | None:
+    """``test_config.json`` beside the eval set, as ``adk eval`` does."""
+    candidate = Path(evalset).parent / "test_config.json"
+    return candidate if candidate.is_file() else None
+
+
+def _select(plan: Plan, metrics: list[str] | None, cases: list[str] | None) -> None:
+    known_metrics = [r.metric_name for r in plan.config.rules]
+    unknown = sorted(set(metrics or []) - set(known_metrics))
+    if unknown:
+        raise UsageError(f"metrics {unknown} are not in the config; choose from {known_metrics}.")
+    plan.metric_names = [m for m in known_metrics if not metrics or m in metrics]
+    known_cases = [c.eval_id for c in plan.eval_set.eval_cases]
+    missing = sorted(set(cases or []) - set(known_cases))
+    if missing:
+        raise UsageError(f"cases {missing} are not in eval set {plan.eval_set.eval_set_id}.")
+    plan.case_ids = [c for c in known_cases if not cases or c in cases]
+
+
+def plan_run(agent_dir: str, evalset: str, config: str | None, store_url: str,
+             metrics: list[str] | None = None, cases: list[str] | None = None,
+             repetitions: int = 1) -> Plan:
+    if repetitions < 1:
+        raise UsageError("--repetitions must be at least 1.")
+    agent_path = ensure_importable(agent_dir)
+    eval_set = load_eval_set(evalset)
+    config_path = config or default_config_path(evalset)
+    loaded = load_config(config_path)
+    agent = load_agent(agent_dir)
+    store = repo.open_store(store_url)
+    store.check()
+    plan = Plan(store_url=store.url, eval_set=eval_set, config=loaded, agent=agent,
+                repetitions=repetitions, sys_paths=[str(agent_path.parent)])
+    _select(plan, metrics, cases)
+    return plan
+
+
+def fingerprint_for(plan: Plan, case_id: str, repetition: int) -> str:
+    assert plan.agent is not None
+    case = next(c for c in plan.eval_set.eval_cases if c.eval_id == case_id)
+    return inference_fingerprint(plan.agent.identity, case, repetition)
+
+
+def resolve_snapshot(store: Any, ref: str) -> tuple[str, Snapshot]:
+    """A snapshot by id, or the snapshot of a run or record."""
+    hex_part = repo.hexof(ref)
+    if ref.startswith("sha256:") or len(hex_part) == 64:
+        oid = ref if ref.startswith("sha256:") else "sha256:" + ref
+        try:
+            return oid, repo.get_snapshot(store, oid)
+        except NotFoundError:
+            pass
+    record_oid, record = repo.resolve_record(store, ref)
+    if record.snapshot_oid is None:
+        raise NotFoundError(f"record {record_oid} was imported from ADK history and has no "
+                            "snapshot to rescore.")
+    return record.snapshot_oid, repo.get_snapshot(store, record.snapshot_oid)
+
+
+def _config_from_snapshot(snapshot: Snapshot) -> LoadedConfig:
+    customs = [r.metric_name for r in snapshot.rules if r.evaluator.kind == "custom_function"]
+    if customs:
+        raise ConfigError(
+            f"snapshot rules name custom metric(s) {customs}; evalsnap never imports code named "
+            "in a stored record, so pass --config with their customMetrics entries.")
+    raw = {"criteria": {r.metric_name: r.criterion for r in snapshot.rules}}
+    return resolve_config(raw, where="<rules of the snapshot>")
+
+
+def plan_rescore(run_or_snapshot: str, store_url: str, evalset: str | None,
+                 config: str | None, metrics: list[str] | None = None,
+                 cases: list[str] | None = None, sys_paths: list[str] | None = None) -> Plan:
+    store = repo.open_store(store_url)
+    store.check()
+    snapshot_oid, snapshot = resolve_snapshot(store, run_or_snapshot)
+    for p in sys_paths or []:
+        ensure_importable(Path(p) / "_")
+    if evalset is not None:
+        eval_set = load_eval_set(evalset)
+    else:
+        from google.adk.evaluation.eval_case import EvalCase
+
+        refs = {c.eval_id: c.reference for c in snapshot.cases}
+        eval_set = EvalSet(eval_set_id=snapshot.eval_set_id, name=snapshot.eval_set_name,
+                           eval_cases=[EvalCase.model_validate(r) for r in refs.values()])
+    config_path = config or (default_config_path(evalset) if evalset else None)
+    loaded = load_config(config_path) if config_path else _config_from_snapshot(snapshot)
+    new_ids = {c.eval_id for c in eval_set.eval_cases}
+    frozen_ids = {c.eval_id for c in snapshot.cases}
+    plan = Plan(store_url=store.url, eval_set=eval_set, config=loaded, source=run_or_snapshot,
+                sys_paths=list(sys_paths or []),
+                skipped_cases=sorted(frozen_ids - new_ids),
+                uninferred_cases=sorted(new_ids - frozen_ids))
+    _select(plan, metrics, cases)
+    plan.case_ids = [c for c in plan.case_ids if c in frozen_ids]
+    plan.source_outcomes = [
+        InferenceOutcome(eval_id=c.eval_id, repetition=c.repetition, oid=c.inference_oid,
+                         fingerprint=c.inference_fingerprint,
+                         status="success" if c.inference_ok else "failure",
+                         run_id=repo.get_inference(store, c.inference_oid).run_id)
+        for c in snapshot.cases if c.eval_id in set(plan.case_ids)]
+    return plan
+
+
+def record_of(store: Any, ref: str) -> tuple[str, EvaluationRecord]:
+    return repo.resolve_record(store, ref)

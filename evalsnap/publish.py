@@ -1,0 +1,132 @@
+"""Publishing a run: record, indexes, ADK history, then the manifest — last."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from evalsnap import repo
+from evalsnap.errors import EvalsnapError
+from evalsnap.inference import now_iso
+from evalsnap.outcomes import InferenceOutcome, UnitOutcome
+from evalsnap.records import (
+    EvaluationRecord,
+    InferenceRef,
+    ManifestEntry,
+    RunManifest,
+    RunSummary,
+    ScoreUnit,
+    Snapshot,
+    UnitRef,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def _parent_view(store: Any, parent_oid: str | None) -> tuple[dict[tuple, UnitRef], Snapshot | None]:
+    if parent_oid is None:
+        return {}, None
+    try:
+        parent = repo.get(store, EvaluationRecord, parent_oid)
+        snap = repo.get_snapshot(store, parent.snapshot_oid) if parent.snapshot_oid else None
+    except EvalsnapError as exc:
+        logger.warning("previous record %s unreadable (%s); explanations will say `new`",
+                       parent_oid, exc)
+        return {}, None
+    return {(u.eval_id, u.repetition, u.metric_name): u for u in parent.units}, snap
+
+
+def explain_change(outcome: UnitOutcome, snapshot: Snapshot, parent_units: dict[tuple, UnitRef],
+                   parent_snapshot: Snapshot | None) -> str:
+    """Names the part of the unit key that changed since the previous record."""
+    if outcome.why != "new":
+        return outcome.why
+    before = parent_units.get((outcome.eval_id, outcome.repetition, outcome.metric_name))
+    if before is None or parent_snapshot is None:
+        return "new"
+    if before.rule_fingerprint != outcome.rule_fingerprint:
+        try:
+            old_rule = parent_snapshot.rule(outcome.metric_name)
+            if old_rule.evaluator != snapshot.rule(outcome.metric_name).evaluator:
+                return "evaluator version changed"
+        except KeyError:
+            return "new"
+        return "rule changed"
+    if before.case_fingerprint != outcome.case_fingerprint:
+        old = {(c.eval_id, c.repetition): c for c in parent_snapshot.cases}.get(
+            (outcome.eval_id, outcome.repetition))
+        new = {(c.eval_id, c.repetition): c for c in snapshot.cases}[
+            (outcome.eval_id, outcome.repetition)]
+        if old is not None and old.reference != new.reference:
+            return "reference changed"
+        return "inference changed"
+    return "new"
+
+
+def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
+            inference: list[InferenceOutcome], units: list[UnitOutcome], reuse: bool,
+            force: bool, source: str | None = None, skipped_cases: list[str] | None = None,
+            uninferred_cases: list[str] | None = None,
+            history_writer: Any = None) -> tuple[str, EvaluationRecord]:
+    """Writes the record, points indexes at it, then writes the run manifest last."""
+    store = repo.open_store(store_url)
+    snapshot = repo.get_snapshot(store, snapshot_oid)
+    parent_oid = repo.latest_record_for(store, snapshot.eval_set_id)
+    parent_units, parent_snapshot = _parent_view(store, parent_oid)
+    unit_refs = []
+    for o in units:
+        reused = o.run_id != run_id
+        record_of_reuse = o.reused_from_record
+        if reused and record_of_reuse is None:
+            try:
+                record_of_reuse = repo.read_manifest(store, o.run_id).record_oid
+            except EvalsnapError:
+                record_of_reuse = None
+        unit_refs.append(UnitRef(
+            eval_id=o.eval_id, repetition=o.repetition, metric_name=o.metric_name,
+            unit_oid=o.unit_oid, unit_fingerprint=o.unit_fingerprint,
+            case_fingerprint=o.case_fingerprint, rule_fingerprint=o.rule_fingerprint,
+            reused=reused, reused_from_run=o.run_id if reused else None,
+            reused_from_record=record_of_reuse if reused else None,
+            why="reused" if reused else explain_change(o, snapshot, parent_units,
+                                                       parent_snapshot)))
+    inf_refs = [InferenceRef(
+        eval_id=i.eval_id, repetition=i.repetition, inference_oid=i.oid,
+        inference_fingerprint=i.fingerprint, status=i.status, reused=i.run_id != run_id,
+        model_calls=i.model_calls if i.run_id == run_id else 0) for i in inference]
+    fresh = [o for o in units if o.run_id == run_id]
+    statuses = [o.status for o in units]
+    complete = all(o.complete for o in units) and all(i.status == "success" for i in inference)
+    summary = RunSummary(
+        complete=complete,
+        passed=complete and all(s in ("PASSED", "INFORMATIONAL") for s in statuses),
+        agent_calls=sum(r.model_calls for r in inf_refs),
+        judge_calls=sum(o.judge_calls for o in fresh),
+        reused_units=len(units) - len(fresh), scored_units=len(fresh),
+        reused_judge_samples=sum(o.reused_judge_samples for o in fresh))
+    record = EvaluationRecord(
+        run_id=run_id, kind=kind, eval_set_id=snapshot.eval_set_id,  # type: ignore[arg-type]
+        app_name=snapshot.app_name, snapshot_oid=snapshot_oid, parent_record=parent_oid,
+        source=source, reuse=reuse, force=force, inference=inf_refs, units=unit_refs,
+        skipped_cases=skipped_cases or [], uninferred_cases=uninferred_cases or [],
+        summary=summary, created_at=now_iso())
+    if history_writer is not None:
+        try:
+            record = record.model_copy(update={"adk_history_path": history_writer(record)})
+        except Exception as exc:  # noqa: BLE001 - the interop copy must not lose the run
+            logger.warning("could not write the ADK history copy: %s", exc)
+    record_oid = repo.put(store, record)
+    for o in fresh:
+        unit = repo.get(store, ScoreUnit, o.unit_oid)
+        repo.index_unit(store, unit, o.unit_oid, record_oid)
+    repo.set_latest_record(store, snapshot.eval_set_id, record_oid, run_id)
+    objects = [ManifestEntry(kind="record", oid=record_oid),
+               ManifestEntry(kind="snapshot", oid=snapshot_oid)]
+    objects += [ManifestEntry(kind="inference", oid=i.inference_oid) for i in inf_refs]
+    objects += [ManifestEntry(kind="unit", oid=u.unit_oid) for u in unit_refs]
+    repo.write_manifest(store, RunManifest(
+        run_id=run_id, eval_set_id=snapshot.eval_set_id, app_name=snapshot.app_name,
+        kind=kind, record_oid=record_oid, snapshot_oid=snapshot_oid,  # type: ignore[arg-type]
+        objects=objects, passed=summary.passed, complete=summary.complete,
+        created_at=record.created_at))
+    return record_oid, record

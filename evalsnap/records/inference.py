@@ -1,0 +1,74 @@
+"""InferenceRecord: what the agent did on one eval case, one repetition."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from google.adk.evaluation.eval_case import Invocation
+from pydantic import Field, model_validator
+
+from evalsnap.records._base import StoredModel
+
+
+class InferenceRecord(StoredModel):
+    """One run of the agent over one eval case (ADK ``InferenceResult`` + session state)."""
+
+    KIND: ClassVar[str] = "inference"
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    schema_version: int = 1
+    """Format version of this record."""
+    inference_fingerprint: str
+    """Agent identity + case inputs + repetition + google-adk version."""
+    eval_set_id: str
+    """The eval set the case came from (informational; not part of the fingerprint)."""
+    eval_id: str
+    """The eval case id."""
+    repetition: int = 0
+    """Zero-based repetition index of this case."""
+    app_name: str
+    """ADK app name the session ran under."""
+    agent_name: str
+    """Name of the root agent."""
+    adk_version: str
+    """google-adk version that ran the agent."""
+    status: Literal["success", "failure"]
+    """``failure`` means the agent raised; such records are never reused."""
+    error: str | None = None
+    """The exception, when ``status`` is ``failure``."""
+    attempts: int = 1
+    """How many attempts the orchestrator made (Prefect task retries)."""
+    invocations: list[Invocation] = Field(default_factory=list)
+    """ADK invocations, in turn order."""
+    initial_session_state: dict[str, Any] | None = None
+    """Actual state before the first turn (for a pinned session: its stored state)."""
+    final_session_state: dict[str, Any] | None = None
+    """State read back from the session service after the last turn."""
+    model_calls: int = 0
+    """LLM requests sent to the agent's model(s) during this inference."""
+    run_id: str = ""
+    """The evalsnap run that produced this record."""
+    created_at: str = ""
+    """UTC ISO timestamp (volatile; excluded from fingerprints)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _migrate(cls, data: Any) -> Any:
+        # Records written before state capture carry no state keys: load as None.
+        if isinstance(data, dict):
+            data.setdefault("initial_session_state", None)
+            data.setdefault("final_session_state", None)
+        return data
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "success"
+
+    def content(self) -> dict[str, Any]:
+        """What the agent produced: the part of this record scores depend on."""
+        return {
+            "status": self.status,
+            "invocations": [i.model_dump(mode="json") for i in self.invocations],
+            "initial_session_state": self.initial_session_state,
+            "final_session_state": self.final_session_state,
+        }

@@ -1,0 +1,97 @@
+"""Snapshot: the frozen, self-contained input of scoring."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from evalsnap.records._base import StoredModel
+
+
+class EvaluatorIdentity(BaseModel):
+    """What implements a metric. Part of the rule fingerprint."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["builtin", "custom_function", "custom_class"]
+    """How the metric is provided."""
+    name: str
+    """Class path (built-ins, classes) or function import path (custom functions)."""
+    adk_version: str | None = None
+    """google-adk version, for built-in evaluators."""
+    template_hash: str | None = None
+    """sha256 of the judge prompt template(s), for LLM-as-judge evaluators."""
+    version: str | None = None
+    """Trusted implementation version declared in the config (custom metrics)."""
+
+    @property
+    def trusted(self) -> bool:
+        """Whether a stored score may be reused automatically."""
+        return self.kind == "builtin" or self.version is not None
+
+
+class MetricRule(BaseModel):
+    """One metric with everything resolved: criterion with defaults, evaluator identity."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    metric_name: str
+    """Name under ``criteria``."""
+    threshold: float
+    """Pass threshold (``criterion.threshold``)."""
+    criterion: dict[str, Any]
+    """The criterion with defaults filled in (judge model and options, match type…)."""
+    evaluator: EvaluatorIdentity
+    """Who computes the metric."""
+    metric_info: dict[str, Any] = Field(default_factory=dict)
+    """ADK MetricInfo (value interval, description)."""
+    judge: bool = False
+    """Whether the evaluator calls a judge model."""
+    rule_fingerprint: str
+    """Fingerprint of (metric name, criterion, evaluator identity)."""
+
+
+class FrozenCase(BaseModel):
+    """One case × repetition: the inference it refers to and the full reference."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    eval_id: str
+    repetition: int = 0
+    inference_oid: str
+    """Object id of the InferenceRecord (its content hash)."""
+    inference_fingerprint: str
+    inference_ok: bool
+    reference: dict[str, Any]
+    """The full ADK EvalCase as given (conversation or scenario, rubrics, final state)."""
+    case_fingerprint: str
+    """Fingerprint of (inference content, reference case)."""
+
+
+class Snapshot(StoredModel):
+    """Immutable scoring input; scoring never reads the eval set file again."""
+
+    KIND: ClassVar[str] = "snapshot"
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    schema_version: int = 1
+    """Format version."""
+    eval_set_id: str
+    """ADK eval set id."""
+    eval_set_name: str | None = None
+    app_name: str
+    """Agent package name."""
+    adk_version: str
+    cases: list[FrozenCase]
+    """Frozen cases, in eval set order."""
+    rules: list[MetricRule]
+    """Resolved scoring rules, in config order."""
+    created_at: str = ""
+    """UTC ISO timestamp (volatile)."""
+
+    def rule(self, metric_name: str) -> MetricRule:
+        for rule in self.rules:
+            if rule.metric_name == metric_name:
+                return rule
+        raise KeyError(metric_name)

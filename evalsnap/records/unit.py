@@ -1,0 +1,63 @@
+"""ScoreUnit: one metric scored on one frozen case."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from evalsnap.records._base import StoredModel
+
+Status = Literal["PASSED", "FAILED", "NOT_EVALUATED", "INFORMATIONAL"]
+
+
+class UnitRow(BaseModel):
+    """One per actual invocation, in order."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    invocation_index: int
+    score: float | None = None
+    status: Status = "NOT_EVALUATED"
+    rubric_scores: list[dict[str, Any]] | None = None
+
+
+class ScoreUnit(StoredModel):
+    """The result of scoring one metric on one case; reusable when ``complete``."""
+
+    KIND: ClassVar[str] = "unit"
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    schema_version: int = 1
+    unit_fingerprint: str
+    """Fingerprint of (case fingerprint, rule fingerprint): the reuse key."""
+    case_fingerprint: str
+    rule_fingerprint: str
+    eval_id: str
+    repetition: int = 0
+    metric_name: str
+    threshold: float
+    score: float | None = None
+    """The metric's own overall score."""
+    metric_status: Status = "NOT_EVALUATED"
+    """The metric's own overall status."""
+    gate_score: float | None = None
+    """Mean of the non-None per-invocation scores."""
+    status: Status = "NOT_EVALUATED"
+    """The gate verdict evalsnap acts on (exit codes, summaries)."""
+    rows: list[UnitRow] = Field(default_factory=list)
+    complete: bool = False
+    """True when the metric ran to a verdict; only complete units are reused."""
+    reason: str | None = None
+    """Why the unit is incomplete or NOT_EVALUATED, or where gate and metric disagree."""
+    trace: Literal["not_needed", "complete", "unavailable"] = "not_needed"
+    """Judge trace coverage for this unit."""
+    trace_note: str | None = None
+    ledger: list[str] = Field(default_factory=list)
+    """Object ids of the judge ledger entries of this unit."""
+    judge_calls: int = 0
+    """Judge requests sent while producing this unit (0 when answered from a ledger)."""
+    rubric_scores: list[dict[str, Any]] | None = None
+    run_id: str = ""
+    """The run that scored this unit."""
+    created_at: str = ""

@@ -1,0 +1,173 @@
+"""Scoring one metric on one frozen case (a *score unit*), on copies only."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import math
+from typing import Any
+
+from google.adk.evaluation.eval_case import EvalCase, Invocation
+from google.adk.evaluation.eval_metrics import EvalMetric
+from google.adk.evaluation.evaluator import EvaluationResult, EvalStatus
+from google.adk.evaluation.local_eval_service import (
+    _copy_eval_case_rubrics_to_actual_invocations,
+    _copy_invocation_rubrics_to_actual_invocations,
+)
+from google.adk.evaluation.metric_evaluator_registry import MetricEvaluatorRegistry
+
+from evalsnap.context import make_context, run_evaluator
+from evalsnap.fingerprint import fingerprint
+from evalsnap.inference import now_iso
+from evalsnap.judge import JudgeRecorder, attach_recorder
+from evalsnap.records import FrozenCase, InferenceRecord, MetricRule, ScoreUnit, UnitRow
+
+
+def unit_fingerprint(case_fingerprint: str, rule_fingerprint: str) -> str:
+    return fingerprint("unit", {"case": case_fingerprint, "rule": rule_fingerprint})
+
+
+def case_fingerprint(inference: InferenceRecord, reference: dict[str, Any]) -> str:
+    return fingerprint("case", {"inference": inference.content(), "reference": reference})
+
+
+def _status(value: EvalStatus | str | None) -> str:
+    if isinstance(value, EvalStatus):
+        return value.name
+    return str(value or "NOT_EVALUATED")
+
+
+def gate(rows: list[UnitRow], threshold: float, metric_status: str) -> tuple[float | None, str]:
+    """Mean of the non-None per-invocation scores against the threshold."""
+    scored = [r.score for r in rows if r.score is not None]
+    mean = sum(scored) / len(scored) if scored else None
+    if metric_status == "INFORMATIONAL":
+        return mean, "INFORMATIONAL"
+    if mean is None:
+        return None, "NOT_EVALUATED"
+    return mean, "PASSED" if mean >= threshold else "FAILED"
+
+
+def _interval(rule: MetricRule) -> tuple[float | None, float | None]:
+    info = (rule.metric_info or {}).get("metricValueInfo") or {}
+    interval = info.get("interval") or {}
+    return interval.get("minValue"), interval.get("maxValue")
+
+
+def _contract_violation(rule: MetricRule, result: Any, n_actual: int) -> str | None:
+    if not isinstance(result, EvaluationResult):
+        return f"returned {type(result).__name__}, not an ADK EvaluationResult"
+    status = _status(result.overall_eval_status)
+    rows = result.per_invocation_results
+    if status not in ("NOT_EVALUATED", "INFORMATIONAL") and len(rows) != n_actual:
+        return (f"returned {len(rows)} per-invocation results for {n_actual} actual invocations "
+                "(a scored metric returns exactly one per invocation, in order)")
+    lo, hi = _interval(rule)
+    scores = [result.overall_score] + [r.score for r in rows]
+    for s in scores:
+        if s is None:
+            continue
+        if not isinstance(s, int | float) or math.isnan(s):
+            return f"returned a non-numeric score {s!r}"
+        if (lo is not None and s < lo) or (hi is not None and s > hi):
+            return f"returned score {s} outside its declared interval [{lo}, {hi}]"
+    return None
+
+
+def _base(rule: MetricRule, frozen: FrozenCase, run_id: str) -> dict[str, Any]:
+    return dict(
+        unit_fingerprint=unit_fingerprint(frozen.case_fingerprint, rule.rule_fingerprint),
+        case_fingerprint=frozen.case_fingerprint, rule_fingerprint=rule.rule_fingerprint,
+        eval_id=frozen.eval_id, repetition=frozen.repetition, metric_name=rule.metric_name,
+        threshold=rule.threshold, run_id=run_id, created_at=now_iso(),
+        trace="complete" if rule.judge else "not_needed",
+    )
+
+
+def not_evaluated(rule: MetricRule, frozen: FrozenCase, run_id: str, reason: str,
+                  n_rows: int = 0, **extra: Any) -> ScoreUnit:
+    rows = [UnitRow(invocation_index=i) for i in range(n_rows)]
+    return ScoreUnit(rows=rows, complete=False, reason=reason, status="NOT_EVALUATED",
+                     metric_status="NOT_EVALUATED", **{**_base(rule, frozen, run_id), **extra})
+
+
+async def score_unit(
+    rule: MetricRule,
+    eval_metric: EvalMetric,
+    frozen: FrozenCase,
+    inference: InferenceRecord,
+    registry: MetricEvaluatorRegistry,
+    *,
+    run_id: str = "",
+    judge_limiter: asyncio.Semaphore | None = None,
+) -> tuple[ScoreUnit, JudgeRecorder | None]:
+    """Scores ``rule`` on ``frozen``; never raises for a metric's own failure."""
+    if not inference.ok:
+        return not_evaluated(rule, frozen, run_id, f"inference failed: {inference.error}"), None
+    reference = EvalCase.model_validate(copy.deepcopy(frozen.reference))
+    actual: list[Invocation] = copy.deepcopy(inference.invocations)
+    expected = reference.conversation
+    if reference.conversation_scenario is None and expected is not None and len(expected) != len(
+            actual):
+        return not_evaluated(rule, frozen, run_id,
+                             f"agent produced {len(actual)} invocations for {len(expected)} "
+                             "expected turns", len(actual)), None
+    try:
+        _copy_eval_case_rubrics_to_actual_invocations(reference, actual)
+        _copy_invocation_rubrics_to_actual_invocations(expected, actual)
+    except ValueError as exc:
+        return not_evaluated(rule, frozen, run_id, f"rubrics: {exc}", len(actual)), None
+    recorder = None
+    try:
+        evaluator = registry.get_evaluator(eval_metric)
+        recorder = attach_recorder(evaluator, judge_limiter)
+        context = make_context(inference.initial_session_state, inference.final_session_state,
+                               reference.final_session_state)
+        result = await run_evaluator(evaluator, actual, expected,
+                                     reference.conversation_scenario, context)
+    except Exception as exc:
+        return not_evaluated(rule, frozen, run_id, f"metric raised {type(exc).__name__}: {exc}",
+                             len(actual), judge_calls=_calls(recorder)), recorder
+    violation = _contract_violation(rule, result, len(actual))
+    if violation:
+        return not_evaluated(rule, frozen, run_id, f"result contract: {violation}", len(actual),
+                             judge_calls=_calls(recorder)), recorder
+    return _unit_from_result(rule, frozen, run_id, result, len(actual), recorder), recorder
+
+
+def _calls(recorder: JudgeRecorder | None) -> int:
+    return len(recorder.calls) if recorder else 0
+
+
+def _unit_from_result(rule: MetricRule, frozen: FrozenCase, run_id: str, result: EvaluationResult,
+                      n_actual: int, recorder: JudgeRecorder | None) -> ScoreUnit:
+    per = result.per_invocation_results
+    rows = [
+        UnitRow(invocation_index=i, score=r.score, status=_status(r.eval_status),  # type: ignore[arg-type]
+                rubric_scores=[s.model_dump(mode="json") for s in r.rubric_scores]
+                if r.rubric_scores else None)
+        for i, r in enumerate(per)
+    ] if len(per) == n_actual else [UnitRow(invocation_index=i) for i in range(n_actual)]
+    metric_status = _status(result.overall_eval_status)
+    gate_score, status = gate(rows, rule.threshold, metric_status)
+    judge_errors = [c for c in (recorder.calls if recorder else []) if c.error is not None]
+    reasons = []
+    if judge_errors:
+        reasons.append(f"{len(judge_errors)} judge sample(s) failed: {judge_errors[0].error}")
+    if status == "NOT_EVALUATED":
+        reasons.append("the metric scored no invocation")
+    disagree = metric_status != status or (
+        result.overall_score is not None and gate_score is not None
+        and abs(result.overall_score - gate_score) > 1e-9)
+    if disagree and status != "NOT_EVALUATED":
+        reasons.append(f"metric reports {metric_status} (score {result.overall_score}); gate "
+                       f"(mean of per-invocation scores) gives {status} ({gate_score})")
+    return ScoreUnit(
+        score=result.overall_score, metric_status=metric_status,  # type: ignore[arg-type]
+        gate_score=gate_score, status=status, rows=rows,  # type: ignore[arg-type]
+        complete=status != "NOT_EVALUATED" and not judge_errors,
+        reason="; ".join(reasons) or None, judge_calls=_calls(recorder),
+        rubric_scores=[s.model_dump(mode="json") for s in result.overall_rubric_scores]
+        if result.overall_rubric_scores else None,
+        **_base(rule, frozen, run_id),
+    )

@@ -1,0 +1,63 @@
+"""``show RECORD --json``: a record with every link resolved."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from evalsnap import repo
+from evalsnap.records import EvaluationRecord, ScoreUnit
+
+
+def _ledger(store: Any, oids: list[str]) -> list[dict[str, Any]]:
+    from evalsnap.records import StoredModel
+
+    out = []
+    for oid in oids:
+        try:
+            import json
+
+            out.append({"oid": oid, **json.loads(store.get_object("judge", oid))})
+        except Exception as exc:  # noqa: BLE001 - show what is there, flag what is not
+            out.append({"oid": oid, "error": str(exc)})
+    del StoredModel
+    return out
+
+
+def full_record(store: Any, record_oid: str, record: EvaluationRecord) -> dict[str, Any]:
+    snapshot = repo.get_snapshot(store, record.snapshot_oid) if record.snapshot_oid else None
+    frozen = {(c.eval_id, c.repetition): c for c in snapshot.cases} if snapshot else {}
+    cases = []
+    for inf in record.inference:
+        inference = repo.get_inference(store, inf.inference_oid)
+        fc = frozen.get((inf.eval_id, inf.repetition))
+        metrics = {}
+        for ref in record.units:
+            if (ref.eval_id, ref.repetition) != (inf.eval_id, inf.repetition):
+                continue
+            unit = repo.get(store, ScoreUnit, ref.unit_oid)
+            metrics[ref.metric_name] = {
+                **ref.model_dump(mode="json"),
+                **unit.model_dump(mode="json", exclude={"ledger"}),
+                "ledger": _ledger(store, unit.ledger),
+            }
+        cases.append({
+            "eval_id": inf.eval_id, "repetition": inf.repetition,
+            "inference": {**inf.model_dump(mode="json"),
+                          "status": inference.status, "error": inference.error,
+                          "attempts": inference.attempts,
+                          "invocations": [i.model_dump(mode="json")
+                                          for i in inference.invocations]},
+            "initial_session_state": inference.initial_session_state,
+            "final_session_state": inference.final_session_state,
+            "reference": fc.reference if fc else None,
+            "case_fingerprint": fc.case_fingerprint if fc else None,
+            "metrics": metrics,
+        })
+    return {
+        "record_id": record_oid,
+        "record": record.model_dump(mode="json"),
+        "snapshot": {"snapshot_id": record.snapshot_oid,
+                     "rules": [r.model_dump(mode="json") for r in snapshot.rules]
+                     if snapshot else []},
+        "cases": cases,
+    }

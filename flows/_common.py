@@ -1,0 +1,69 @@
+"""Shared flow wiring: freeze → score (one task per metric) → publish."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from prefect import get_run_logger
+from prefect.futures import wait
+
+from evalsnap import repo
+from evalsnap.outcomes import InferenceOutcome
+from evalsnap.planning import Plan
+from evalsnap.scoring import unit_fingerprint
+from tasks import freeze_task, publish_task, score_task
+from tasks._prefect import result_storage_for
+
+
+def units_digest(snapshot_oid: str, store_url: str, rule_fp: str,
+                 case_ids: list[str] | None) -> str:
+    snapshot = repo.get_snapshot(repo.open_store(store_url), snapshot_oid)
+    keys = [unit_fingerprint(c.case_fingerprint, rule_fp) for c in snapshot.cases
+            if case_ids is None or c.eval_id in case_ids]
+    return "sha256:" + hashlib.sha256("\n".join(keys).encode()).hexdigest()
+
+
+def freeze_score_publish(plan: Plan, *, run_id: str, kind: str,
+                         outcomes: list[InferenceOutcome], reuse: bool, force: bool,
+                         concurrency: int) -> str:
+    """The second half of every flow. Returns the record id."""
+    logger = get_run_logger()
+    storage = result_storage_for(plan.store_url)
+    eval_set = plan.selected_eval_set()
+    rules = plan.selected_rules()
+    snapshot_oid = freeze_task(plan.store_url, eval_set.model_dump(mode="json"),
+                               [r.model_dump(mode="json") for r in rules],
+                               [o.model_dump(mode="json") for o in outcomes],
+                               plan.agent.name if plan.agent else _app_of(plan, outcomes))
+    logger.info("snapshot %s frozen (%d cases, %d metrics)", snapshot_oid,
+                len(outcomes), len(rules))
+    score = score_task.with_options(result_storage=storage, refresh_cache=force or not reuse)
+    futures = {}
+    for rule in rules:
+        futures[rule.metric_name] = score.submit(
+            plan.store_url, snapshot_oid, rule.metric_name,
+            units_digest(snapshot_oid, plan.store_url, rule.rule_fingerprint, None),
+            plan.config_json, plan.config.where, plan.sys_paths, run_id, reuse, force,
+            None, concurrency)
+    wait(list(futures.values()))
+    units: list[dict[str, Any]] = []
+    for name, future in futures.items():
+        result = future.result()
+        stale = [u for u in result if u["run_id"] != run_id and not u["complete"]]
+        if stale:  # a cached result may hold incomplete units, which are never reused
+            result = score.with_options(refresh_cache=True)(
+                plan.store_url, snapshot_oid, name, "", plan.config_json, plan.config.where,
+                plan.sys_paths, run_id, reuse, force, None, concurrency)
+        units.extend(result)
+    return publish_task(plan.store_url, run_id, kind, snapshot_oid,
+                        [o.model_dump(mode="json") for o in outcomes], units, reuse, force,
+                        plan.source, plan.skipped_cases, plan.uninferred_cases,
+                        str(plan.agent.path) if plan.agent else None)
+
+
+def _app_of(plan: Plan, outcomes: list[InferenceOutcome]) -> str:
+    if not outcomes:
+        return plan.eval_set.eval_set_id
+    record = repo.get_inference(repo.open_store(plan.store_url), outcomes[0].oid)
+    return record.app_name

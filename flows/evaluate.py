@@ -1,0 +1,85 @@
+"""The nightly evaluation flow: inference → freeze → score → publish."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any
+
+from prefect import flow, get_run_logger
+from prefect.futures import wait
+from prefect.runtime import flow_run
+from prefect.states import State
+from pydantic import Field
+
+from evalsnap import repo, stages
+from evalsnap.outcomes import InferenceOutcome
+from evalsnap.planning import fingerprint_for, plan_run
+from evalsnap.report import flow_result
+from flows._common import freeze_score_publish
+from tasks import infer_task
+from tasks._prefect import result_storage_for
+
+DEFAULT_STORE = ".evalsnap"
+
+
+def _run_name() -> str:
+    params = flow_run.parameters or {}
+    evalset = str(params.get("evalset", "eval")).rsplit("/", 1)[-1].removesuffix(".evalset.json")
+    return f"{evalset}-{dt.datetime.now(dt.UTC):%Y-%m-%d-%H%M}"
+
+
+def _failure_message(state: State) -> tuple[str, int]:
+    try:
+        state.result(raise_on_failure=True)
+    except Exception as exc:  # noqa: BLE001 - we want the task's exception text
+        return str(exc), 1
+    return str(state.message), 1
+
+
+@flow(name="evalsnap-evaluate", flow_run_name=_run_name, log_prints=False,
+      validate_parameters=True)
+def evaluate(
+    agent_dir: Annotated[str, Field(description="ADK agent package directory (exposes root_agent)")],
+    evalset: Annotated[str, Field(description="Path of the .evalset.json file")],
+    config: Annotated[str | None, Field(description="test_config.json; default: beside the eval set")] = None,
+    store: Annotated[str, Field(description="Store URL: a local path, s3://…, gs://…")] = DEFAULT_STORE,
+    reuse: Annotated[bool, Field(description="Reuse complete, compatible earlier work")] = False,
+    force: Annotated[bool, Field(description="Score every unit again even if reusable")] = False,
+    metrics: Annotated[list[str] | None, Field(description="Only these metrics (default: all)")] = None,
+    cases: Annotated[list[str] | None, Field(description="Only these eval_ids (default: all)")] = None,
+    repetitions: Annotated[int, Field(ge=1, description="Runs of the agent per case")] = 1,
+    concurrency: Annotated[int, Field(ge=1, description="Units scored at once per metric")] = 8,
+) -> dict[str, Any]:
+    """Runs the agent on every case, freezes a snapshot, scores each metric, publishes."""
+    logger = get_run_logger()
+    plan = plan_run(agent_dir, evalset, config, store, metrics, cases, repetitions)
+    run_id = stages.new_run_id()
+    storage = result_storage_for(plan.store_url)
+    infer = infer_task.with_options(result_storage=storage, refresh_cache=not reuse)
+    submitted = []
+    cases_by_id = {c.eval_id: c for c in plan.eval_set.eval_cases}
+    for case_id in plan.case_ids:
+        case_data = cases_by_id[case_id].model_dump(mode="json")
+        for rep in range(plan.repetitions):
+            future = infer.submit(plan.store_url, str(plan.agent.path), case_data,
+                                  plan.eval_set.eval_set_id, case_id, rep,
+                                  fingerprint_for(plan, case_id, rep), run_id, reuse)
+            submitted.append((case_id, rep, case_data, future))
+    wait([f for *_, f in submitted])
+    outcomes: list[InferenceOutcome] = []
+    for case_id, rep, case_data, future in submitted:
+        state = future.state
+        if state.is_completed():
+            # Identical inputs share one inference (same fingerprint, same cache entry):
+            # the case identity comes from this submission, not from the cached value.
+            outcome = InferenceOutcome.model_validate(future.result())
+            outcomes.append(outcome.model_copy(update={"eval_id": case_id, "repetition": rep}))
+            continue
+        message, _ = _failure_message(state)
+        logger.warning("inference of %s #%d failed: %s", case_id, rep, message)
+        outcomes.append(stages.failed_inference(
+            plan.store_url, str(plan.agent.path), case_data, plan.eval_set.eval_set_id, rep,
+            run_id, message, attempts=(infer.retries or 0) + 1))
+    record_oid = freeze_score_publish(plan, run_id=run_id, kind="run", outcomes=outcomes,
+                                      reuse=reuse, force=force, concurrency=concurrency)
+    return flow_result(repo.open_store(plan.store_url), record_oid)

@@ -1,0 +1,43 @@
+"""The rescore flow: score frozen inference again with new references or rules."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any
+
+from prefect import flow
+from prefect.runtime import flow_run
+from pydantic import Field
+
+from evalsnap import repo, stages
+from evalsnap.planning import plan_rescore
+from evalsnap.report import flow_result
+from flows._common import freeze_score_publish
+from flows.evaluate import DEFAULT_STORE
+
+
+def _run_name() -> str:
+    params = flow_run.parameters or {}
+    return f"rescore-{str(params.get('run_or_snapshot', ''))[:20]}-{dt.datetime.now(dt.UTC):%Y-%m-%d-%H%M}"
+
+
+@flow(name="evalsnap-rescore", flow_run_name=_run_name, validate_parameters=True)
+def rescore(
+    run_or_snapshot: Annotated[str, Field(description="Run id, record id, snapshot id, or 'latest'")],
+    evalset: Annotated[str | None, Field(description="Edited .evalset.json (default: the frozen references)")] = None,
+    config: Annotated[str | None, Field(description="test_config.json (default: beside the eval set, else the frozen rules)")] = None,
+    store: Annotated[str, Field(description="Store URL: a local path, s3://…, gs://…")] = DEFAULT_STORE,
+    reuse: Annotated[bool, Field(description="Reuse complete, compatible earlier units")] = True,
+    force: Annotated[bool, Field(description="Score every unit again")] = False,
+    metrics: Annotated[list[str] | None, Field(description="Only these metrics (default: all)")] = None,
+    cases: Annotated[list[str] | None, Field(description="Only these eval_ids (default: all)")] = None,
+    code_paths: Annotated[list[str] | None, Field(description="Directories to import custom metrics from (e.g. the agent's parent)")] = None,
+    concurrency: Annotated[int, Field(ge=1, description="Units scored at once per metric")] = 8,
+) -> dict[str, Any]:
+    """Never calls the agent: freezes the earlier inference with the given references and rules."""
+    plan = plan_rescore(run_or_snapshot, store, evalset, config, metrics, cases, code_paths)
+    run_id = stages.new_run_id()
+    record_oid = freeze_score_publish(plan, run_id=run_id, kind="rescore",
+                                      outcomes=plan.source_outcomes, reuse=reuse, force=force,
+                                      concurrency=concurrency)
+    return flow_result(repo.open_store(plan.store_url), record_oid)

@@ -1,0 +1,27 @@
+"""Publish task: record, manifest last, then Prefect artifacts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import task
+
+from evalsnap import publish as publishing
+from evalsnap.outcomes import InferenceOutcome, UnitOutcome
+
+
+@task(name="publish", tags=["evalsnap", "publish"], persist_result=False)
+def publish_task(store_url: str, run_id: str, kind: str, snapshot_oid: str,
+                 inference: list[dict[str, Any]], units: list[dict[str, Any]], reuse: bool,
+                 force: bool, source: str | None = None, skipped_cases: list[str] | None = None,
+                 uninferred_cases: list[str] | None = None,
+                 agent_dir: str | None = None) -> str:
+    from evalsnap.adk_history import history_writer
+
+    record_oid, _record = publishing.publish(
+        store_url, run_id=run_id, kind=kind, snapshot_oid=snapshot_oid,
+        inference=[InferenceOutcome.model_validate(i) for i in inference],
+        units=[UnitOutcome.model_validate(u) for u in units], reuse=reuse, force=force,
+        source=source, skipped_cases=skipped_cases, uninferred_cases=uninferred_cases,
+        history_writer=history_writer(store_url, agent_dir))
+    return record_oid

@@ -1,0 +1,134 @@
+"""Session-wide fixtures: one real ``prefect server`` on 127.0.0.1 for the whole run.
+
+Starting Prefect's ephemeral API costs ~5 s per process; every CLI subprocess in
+the tests talks to this one server instead (``PREFECT_API_URL``). The server is
+started in ``pytest_configure`` — before any test module imports Prefect — and
+stopped by PID in ``pytest_unconfigure``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+SHOP = EXAMPLES / "shop_agent"
+EVALSET = SHOP / "shop.evalset.json"
+CONFIG = SHOP / "test_config.json"
+
+_server: subprocess.Popen | None = None
+_home: str | None = None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_prefect_server() -> None:
+    global _server, _home
+    _home = tempfile.mkdtemp(prefix="evalsnap-prefect-")
+    port = free_port()
+    env = {**os.environ, "PREFECT_HOME": _home, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_API_URL": "", "PREFECT_SERVER_API_HOST": "127.0.0.1",
+           "PREFECT_UI_ENABLED": "false"}
+    _server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
+         "--port", str(port)],
+        env=env, stdout=subprocess.DEVNULL, stderr=open(Path(_home) / "server.log", "wb"),
+        start_new_session=True)
+    url = f"http://127.0.0.1:{port}/api"
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        if _server.poll() is not None:
+            raise RuntimeError("prefect server exited: "
+                               + (Path(_home) / "server.log").read_text()[-2000:])
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        raise RuntimeError("prefect server did not become healthy in 90 s")
+    os.environ["PREFECT_API_URL"] = url
+    os.environ["PREFECT_HOME"] = _home
+    os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    os.environ["EVALSNAP_RETRY_DELAYS"] = "0,0"
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    if str(EXAMPLES.parent) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES.parent))
+    if not os.environ.get("EVALSNAP_TEST_PREFECT_API_URL"):
+        _start_prefect_server()
+    else:
+        os.environ["PREFECT_API_URL"] = os.environ["EVALSNAP_TEST_PREFECT_API_URL"]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _server is not None and _server.poll() is None:
+        os.killpg(_server.pid, signal.SIGTERM)
+        try:
+            _server.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(_server.pid, signal.SIGKILL)
+            _server.wait(5)
+    if _home:
+        shutil.rmtree(_home, ignore_errors=True)
+
+
+class CliResult:
+    def __init__(self, proc: subprocess.CompletedProcess[str]) -> None:
+        self.code = proc.returncode
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+
+    @property
+    def json(self) -> dict:
+        lines = [ln for ln in self.stdout.splitlines() if ln.strip()]
+        assert len(lines) == 1, f"expected one JSON line on stdout, got: {self.stdout!r}\n" \
+                                f"stderr: {self.stderr[-3000:]}"
+        return json.loads(lines[0])
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+            timeout: float = 300) -> CliResult:
+    """Runs ``evalsnap`` in a fresh process, as a user would."""
+    proc = subprocess.run([sys.executable, "-m", "evalsnap.cli", *args], capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, cwd=cwd or ROOT,
+                          timeout=timeout)
+    return CliResult(proc)
+
+
+@pytest.fixture
+def cli():
+    return run_cli
+
+
+@pytest.fixture
+def store_dir(tmp_path: Path) -> Path:
+    return tmp_path / "store"
+
+
+@pytest.fixture
+def shop_copy(tmp_path: Path) -> Path:
+    """A private copy of the example agent dir (eval set and config included)."""
+    dst = tmp_path / "agents" / "shop_agent"
+    shutil.copytree(SHOP, dst, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    return dst
