@@ -178,6 +178,10 @@ def show(
             _emit(summary(s, oid, rec), False)
 
 
+# Commands of each area live in their own module and register on ``app``.
+from evalsnap import cli_inspect, cli_judge, cli_store  # noqa: E402,F401
+
+
 def main() -> None:
     app()
 
