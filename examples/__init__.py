@@ -1,0 +1,1 @@
+"""Offline demo for evalsnap: a scripted ADK agent, an offline judge and an eval set."""
