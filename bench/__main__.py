@@ -1,0 +1,185 @@
+"""Benchmarks: evalsnap against ADK's own LocalEvalService, same cases, same invocation.
+
+    python -m bench [--sizes 30 300] [--reps 3] [--scenarios 1 2 3 4 5 6] [--out bench/RESULTS.md]
+
+Every measurement is a whole process (wall time and peak RSS from ``wait4``), alternating
+ADK and evalsnap, medians over ``--reps``; ratios are evalsnap / ADK from the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SHOP = ROOT / "examples" / "shop_agent"
+
+
+def make_agent(workdir: Path, n: int) -> tuple[Path, Path]:
+    """A copy of the example agent with an eval set of ``n`` distinct cases."""
+    agent = workdir / "shop_agent"
+    shutil.copytree(SHOP, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    base = json.loads((SHOP / "shop.evalset.json").read_text())
+    cases = []
+    for i in range(n):
+        case = json.loads(json.dumps(base["eval_cases"][i % len(base["eval_cases"])]))
+        case["eval_id"] = f"{case['eval_id']}-{i}"
+        first = case["conversation"][0]["user_content"]["parts"][0]
+        first["text"] = f"{first['text']} #{i}"  # distinct inputs: no accidental sharing
+        cases.append(case)
+    evalset = agent / "bench.evalset.json"
+    evalset.write_text(json.dumps({**base, "eval_set_id": f"bench{n}", "eval_cases": cases}))
+    return agent, evalset
+
+
+def measure(cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            cwd=ROOT)
+    out, err = proc.communicate()
+    wall = time.monotonic() - started
+    # Peak RSS comes from `wrapped`: a fresh wrapper process whose only child is the command.
+    lines = [ln for ln in out.decode().splitlines() if ln.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"{cmd} printed no JSON (exit {proc.returncode}): {err.decode()[-2000:]}")
+    return {"wall": wall, "code": proc.returncode, **json.loads(lines[-1])}
+
+
+def wrapped(cmd: list[str]) -> list[str]:
+    """Runs ``cmd`` and appends its peak RSS (MiB) to its JSON output line."""
+    code = (
+        "import json,os,subprocess,sys;"
+        "p=subprocess.Popen(sys.argv[1:],stdout=subprocess.PIPE);o,_=p.communicate();"
+        "import resource;r=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss/1024;"
+        "ls=[l for l in o.decode().splitlines() if l.startswith('{')];"
+        "d=json.loads(ls[-1]) if ls else {};d['rss_mb']=r;d['exit']=p.returncode;print(json.dumps(d))"
+    )
+    return [sys.executable, "-c", code, *cmd]
+
+
+def adk_cmd(agent: Path, evalset: Path) -> list[str]:
+    return wrapped([sys.executable, "-m", "bench._adk_run", str(agent), str(evalset),
+                    str(agent / "test_config.json")])
+
+
+def evalsnap_cmd(*args: str) -> list[str]:
+    return wrapped([sys.executable, "-m", "evalsnap.cli", *args, "--json"])
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def run(sizes: list[int], reps: int, scenarios: set[int]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    base_env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for n in sizes:
+        work = Path(tempfile.mkdtemp(prefix=f"evalsnap-bench-{n}-"))
+        agent, evalset = make_agent(work, n)
+        for latency in ([0] if 1 in scenarios else []) + ([50] if 2 in scenarios else []):
+            env = {**base_env, "EVALSNAP_DEMO_LATENCY_MS": str(latency)}
+            adk, ours = [], []
+            for r in range(reps):
+                adk.append(measure(adk_cmd(agent, evalset), env))
+                store = work / f"store-cold-{latency}-{r}"
+                ours.append(measure(evalsnap_cmd("run", str(agent), str(evalset), "--store",
+                                                 str(store)), env))
+            rows.append({"scenario": 1 if latency == 0 else 2, "n": n, "latency_ms": latency,
+                         "adk_wall": median([a["wall"] for a in adk]),
+                         "evalsnap_wall": median([o["wall"] for o in ours]),
+                         "adk_rss_mb": median([a["rss_mb"] for a in adk]),
+                         "evalsnap_rss_mb": median([o["rss_mb"] for o in ours])})
+        if scenarios & {3, 4, 5}:
+            env = {**base_env, "EVALSNAP_DEMO_LATENCY_MS": "50"}
+            store = work / "store-warm"
+            cold = measure(evalsnap_cmd("run", str(agent), str(evalset), "--store", str(store)),
+                           env)
+            adk_cold = measure(adk_cmd(agent, evalset), env)
+            if 3 in scenarios:
+                warm = [measure(evalsnap_cmd("run", str(agent), str(evalset), "--store",
+                                             str(store), "--reuse"), env) for _ in range(reps)]
+                rows.append({"scenario": 3, "n": n, "adk_wall": adk_cold["wall"],
+                             "evalsnap_wall": median([w["wall"] for w in warm]),
+                             "agent_calls": warm[-1]["agent_calls"],
+                             "judge_calls": warm[-1]["judge_calls"]})
+            if 4 in scenarios:
+                edited = json.loads(evalset.read_text())
+                case = edited["eval_cases"][0]
+                case["conversation"][-1]["final_response"]["parts"][0]["text"] += " Enjoy!"
+                ev2 = agent / "edited.evalset.json"
+                ev2.write_text(json.dumps(edited))
+                res = measure(evalsnap_cmd("rescore", cold["run_id"], "--evalset", str(ev2),
+                                           "--config", str(agent / "test_config.json"),
+                                           "--store", str(store), "--reuse"), env)
+                rows.append({"scenario": 4, "n": n, "adk_wall": adk_cold["wall"],
+                             "evalsnap_wall": res["wall"], "judge_calls": res["judge_calls"],
+                             "scored_units": res["scored_units"],
+                             "reused_units": res["reused_units"],
+                             "cold_wall": cold["wall"]})
+            if 5 in scenarios:
+                cfg = json.loads((agent / "test_config.json").read_text())
+                crit = cfg["criteria"]["final_response_match_v2"]
+                crit["threshold"] = 0.75
+                cfg2 = agent / "threshold.test_config.json"
+                cfg2.write_text(json.dumps(cfg))
+                res = measure(evalsnap_cmd("rescore", cold["run_id"], "--evalset", str(evalset),
+                                           "--config", str(cfg2), "--store", str(store),
+                                           "--reuse"), env)
+                rows.append({"scenario": 5, "n": n, "evalsnap_wall": res["wall"],
+                             "judge_calls": res["judge_calls"],
+                             "scored_units": res["scored_units"]})
+        if 6 in scenarios:
+            store = work / "store-size"
+            res = measure(evalsnap_cmd("run", str(agent), str(evalset), "--store", str(store)),
+                          base_env)
+            size = sum(f.stat().st_size for f in store.rglob("*") if f.is_file())
+            rows.append({"scenario": 6, "n": n, "evalsnap_wall": res["wall"],
+                         "evalsnap_rss_mb": res["rss_mb"], "store_mb": size / 2**20,
+                         "store_kb_per_case": size / 1024 / n})
+        shutil.rmtree(work, ignore_errors=True)
+    return rows
+
+
+def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    lines = ["# Benchmark results", "",
+             f"Generated by `python -m bench {' '.join(sys.argv[1:])}` on "
+             f"{platform.platform()}, Python {platform.python_version()}, "
+             f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+             "Medians of whole-process runs; ratio = evalsnap / ADK LocalEvalService.", "",
+             "| scenario | N | ADK wall s | evalsnap wall s | ratio | details |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = (r["evalsnap_wall"] / r["adk_wall"]) if r.get("adk_wall") else None
+        details = {k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items()
+                   if k not in ("scenario", "n", "adk_wall", "evalsnap_wall")}
+        lines.append(f"| {r['scenario']} | {r['n']} | "
+                     f"{r.get('adk_wall', float('nan')):.2f} | {r['evalsnap_wall']:.2f} | "
+                     f"{'' if ratio is None else f'{ratio:.2f}×'} | {json.dumps(details)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[30])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--scenarios", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6])
+    parser.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
+    args = parser.parse_args()
+    rows = run(args.sizes, args.reps, set(args.scenarios))
+    text = render(rows, args)
+    Path(args.out).write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
