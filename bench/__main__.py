@@ -2,7 +2,7 @@
 
     python -m bench [--sizes 30 300] [--reps 3] [--scenarios 1 2 3 4 5 6] [--out bench/RESULTS.md]
 
-Every measurement is a whole process (wall time and peak RSS from ``wait4``), alternating
+Every measurement is a whole process (wall time, and peak RSS of the process tree via a wrapper), alternating
 ADK and evalsnap, medians over ``--reps``; ratios are evalsnap / ADK from the same run.
 """
 

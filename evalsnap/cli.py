@@ -30,6 +30,12 @@ StoreOpt = Annotated[str, typer.Option("--store", envvar="EVALSNAP_STORE",
 OptionOpt = Annotated[list[str] | None, typer.Option(
     "--storage-option", help="KEY=VALUE passed to the fsspec backend (repeatable)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout")]
+RunnerOpt = Annotated[str | None, typer.Option(
+    "--task-runner", envvar="EVALSNAP_TASK_RUNNER",
+    help="Where tasks run: threads (default) or dask (local cluster, or --dask-address)")]
+DaskAddressOpt = Annotated[str | None, typer.Option(
+    "--dask-address", envvar="EVALSNAP_DASK_ADDRESS",
+    help="Existing Dask scheduler, e.g. tcp://host:8786 (implies --task-runner dask)")]
 
 
 def _storage_options(pairs: list[str] | None) -> dict[str, str]:
@@ -105,10 +111,15 @@ def run(
     metric: Annotated[list[str] | None, typer.Option(help="Only this metric (repeatable)")] = None,
     case: Annotated[list[str] | None, typer.Option(help="Only this eval_id (repeatable)")] = None,
     repetitions: Annotated[int, typer.Option(help="Runs of the agent per case")] = 1,
+    task_runner: RunnerOpt = None,
+    dask_address: DaskAddressOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the agent on every case, freeze, score, publish."""
     with _handled():
+        from evalsnap.runners import resolve_runner
+
+        task_runner, dask_address = resolve_runner(task_runner, dask_address)
         repo.configure_store(store, _storage_options(storage_option))
         from evalsnap.planning import plan_run
 
@@ -120,7 +131,8 @@ def run(
                        {"inference": n_inf, "scoring": n_inf * len(plan.metric_names)}):
             result = _run_flow(evaluate, agent_dir=agent_dir, evalset=evalset, config=config,
                                store=store, reuse=reuse, force=force, metrics=metric, cases=case,
-                               repetitions=repetitions)
+                               repetitions=repetitions, task_runner=task_runner,
+                               dask_address=dask_address)
     _emit(result, as_json)
     raise typer.Exit(result["exit_code"])
 
@@ -137,10 +149,15 @@ def rescore(
     metric: Annotated[list[str] | None, typer.Option(help="Only this metric (repeatable)")] = None,
     case: Annotated[list[str] | None, typer.Option(help="Only this eval_id (repeatable)")] = None,
     code_path: Annotated[list[str] | None, typer.Option(help="Directory to import custom metrics from")] = None,
+    task_runner: RunnerOpt = None,
+    dask_address: DaskAddressOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Score frozen inference again with new references or rules; never calls the agent."""
     with _handled():
+        from evalsnap.runners import resolve_runner
+
+        task_runner, dask_address = resolve_runner(task_runner, dask_address)
         repo.configure_store(store, _storage_options(storage_option))
         from evalsnap.planning import plan_rescore
 
@@ -153,7 +170,8 @@ def rescore(
 
         result = _run_flow(rescore_flow, run_or_snapshot=run_or_snapshot, evalset=evalset,
                            config=config, store=store, reuse=reuse, force=force, metrics=metric,
-                           cases=case, code_paths=paths)
+                           cases=case, code_paths=paths, task_runner=task_runner,
+                           dask_address=dask_address)
     _emit(result, as_json)
     raise typer.Exit(result["exit_code"])
 

@@ -2,4 +2,109 @@
 
 from __future__ import annotations
 
-from evalsnap.cli import app  # noqa: F401
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from evalsnap import repo
+from evalsnap.cli import JsonOpt, OptionOpt, StoreOpt, _handled, _storage_options, app, out
+
+
+def _print_json(value: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(value, default=str) + "\n")
+    sys.stdout.flush()
+
+
+@app.command()
+def explain(
+    record: Annotated[str, typer.Argument(help="Run id, record id or 'latest'")],
+    store: StoreOpt = ".evalsnap",
+    storage_option: OptionOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """For every unit: reused (from which record and run) or scored, and why."""
+    from evalsnap.explain import explain as explain_record
+    from evalsnap.explain import explain_table
+
+    with _handled():
+        repo.configure_store(store, _storage_options(storage_option))
+        s = repo.open_store(store)
+        oid, rec = repo.resolve_record(s, record)
+        result = explain_record(s, oid, rec)
+    if as_json:
+        _print_json(result)
+    else:
+        out.print(explain_table(result))
+
+
+@app.command()
+def diff(
+    record_a: Annotated[str, typer.Argument(help="Run id, record id or 'latest' (before)")],
+    record_b: Annotated[str, typer.Argument(help="Run id, record id or 'latest' (after)")],
+    store: StoreOpt = ".evalsnap",
+    storage_option: OptionOpt = None,
+    all_rows: Annotated[bool, typer.Option("--all", help="Show unchanged units too")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Per case × metric: score and status changes, and which input moved."""
+    from evalsnap.diff import diff as diff_records
+    from evalsnap.diff import diff_table
+
+    with _handled():
+        repo.configure_store(store, _storage_options(storage_option))
+        s = repo.open_store(store)
+        a_oid, a = repo.resolve_record(s, record_a)
+        b_oid, b = repo.resolve_record(s, record_b)
+        result = diff_records(s, a_oid, a, b_oid, b)
+    if as_json:
+        _print_json(result)
+    else:
+        out.print(diff_table(result, all_rows=all_rows))
+
+
+@app.command(name="ls")
+def ls(
+    store: StoreOpt = ".evalsnap",
+    storage_option: OptionOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Runs, snapshots and records in the store, newest first."""
+    with _handled():
+        repo.configure_store(store, _storage_options(storage_option))
+        s = repo.open_store(store)
+        s.check()
+        manifests = repo.list_manifests(s)
+    runs = [{"run_id": m.run_id, "kind": m.kind, "created_at": m.created_at,
+             "eval_set_id": m.eval_set_id, "app_name": m.app_name,
+             "record_id": m.record_oid, "snapshot_id": m.snapshot_oid,
+             "passed": m.passed, "complete": m.complete} for m in manifests]
+    snapshots: dict[str, dict[str, Any]] = {}
+    for r in runs:  # newest first, so the first run seen is the snapshot's latest use
+        if r["snapshot_id"] and r["snapshot_id"] not in snapshots:
+            snapshots[r["snapshot_id"]] = {"snapshot_id": r["snapshot_id"],
+                                           "eval_set_id": r["eval_set_id"],
+                                           "runs": []}
+        if r["snapshot_id"]:
+            snapshots[r["snapshot_id"]]["runs"].append(r["run_id"])
+    records = [{"record_id": r["record_id"], "run_id": r["run_id"], "kind": r["kind"],
+                "created_at": r["created_at"]} for r in runs]
+    result = {"store": s.url, "runs": runs, "snapshots": list(snapshots.values()),
+              "records": records}
+    if as_json:
+        _print_json(result)
+        return
+    from rich.table import Table
+
+    from evalsnap.fingerprint import short
+
+    table = Table(title=f"{s.url} — {len(runs)} run(s), newest first")
+    for column in ("created", "run", "kind", "eval set", "record", "snapshot", "result"):
+        table.add_column(column)
+    for r in runs:
+        verdict = ("[green]passed[/]" if r["passed"] else
+                   "[red]failed[/]" if r["complete"] else "[yellow]incomplete[/]")
+        table.add_row(r["created_at"][:19], r["run_id"], r["kind"], r["eval_set_id"],
+                      short(r["record_id"]), short(r["snapshot_id"] or "-"), verdict)
+    out.print(table)

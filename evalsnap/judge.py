@@ -3,6 +3,13 @@
 ADK's LLM-as-judge evaluators hold their model in ``self._judge_model``; evalsnap
 wraps that one attribute of the one evaluator instance that scores a unit, so the
 agent's own model (and other evaluators) are never intercepted.
+
+The wrapper (:class:`JudgeRecorder`) answers each request from one of three places:
+
+* the live judge model (limited per process, transient errors retried with backoff);
+* with ``--reuse``, an earlier ledger entry with the same request key and sample index;
+* in ``replay``, only the unit's own ledger — anything else is a mismatch, and no
+  model is ever called.
 """
 
 from __future__ import annotations
@@ -10,13 +17,23 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections import Counter
-from collections.abc import AsyncGenerator
+import logging
+import os
+import threading
+from collections import Counter, deque
+from collections.abc import AsyncGenerator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from google.adk.models.llm_request import LlmRequest
 from google.adk.models.llm_response import LlmResponse
+from google.genai import types
+
+from evalsnap._judge_adk import JudgeAdapter, adapter_for
+
+logger = logging.getLogger(__name__)
+_TRANSIENT_CODES = frozenset({408, 429, 500, 502, 503, 504})
 
 
 def request_view(llm_request: LlmRequest) -> dict[str, Any]:
@@ -42,66 +59,316 @@ def request_key(view: dict[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
 
 
+def sample_ref(key: str, sample_index: int) -> str:
+    """Name of the ledger index ref for (request key, sample index)."""
+    return hashlib.sha256(f"{key}#{sample_index}".encode()).hexdigest()
+
+
 def response_text(response: LlmResponse) -> str:
     parts = response.content.parts if response.content and response.content.parts else []
     return "".join(p.text or "" for p in parts)
 
 
+def _prompt_text(llm_request: LlmRequest) -> str:
+    users = [c for c in llm_request.contents if c.role == "user"]
+    return "".join(p.text or "" for p in (users[-1].parts or [])) if users else ""
+
+
+# ---- answers from a ledger -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LedgerAnswer:
+    """A recorded answer: raw text, or the error the call ended with."""
+
+    oid: str
+    raw_response: str | None
+    error: str | None
+    judge_class: str = ""
+
+
+class LedgerMismatch(Exception):
+    """Replay met a request the ledger does not hold."""
+
+
+class RecordedJudgeError(Exception):
+    """Replay of a judge sample that failed when it was recorded."""
+
+
+@dataclass
+class LedgerSource:
+    """Where recorded answers come from: ``lookup(key, sample_index)``.
+
+    ``strict`` (replay): a request without a recorded answer raises
+    :class:`LedgerMismatch` and no model is called.
+    """
+
+    lookup: Callable[[str, int], LedgerAnswer | None]
+    strict: bool = False
+
+
+# ---- process-wide judge concurrency ----------------------------------------------------------
+
+class ProcessLimiter:
+    """An async semaphore shared by every event loop of the process.
+
+    Prefect runs each async task on its own loop; an ``asyncio.Semaphore`` binds to
+    one loop, so the count lives under a thread lock and waiters are woken on theirs.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self.slots = max(1, slots)
+        self._free = self.slots
+        self._lock = threading.Lock()
+        self._waiters: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = deque()
+
+    async def acquire(self) -> None:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._free > 0 and not self._waiters:
+                self._free -= 1
+                return
+            fut: asyncio.Future[None] = loop.create_future()
+            self._waiters.append((loop, fut))
+        try:
+            await fut
+        except asyncio.CancelledError:
+            with self._lock:
+                if (loop, fut) in self._waiters:
+                    self._waiters.remove((loop, fut))
+                    raise
+            self.release()  # the slot was granted while we were being cancelled
+            raise
+
+    def release(self) -> None:
+        with self._lock:
+            while self._waiters:
+                loop, fut = self._waiters.popleft()
+                if loop.is_closed():
+                    continue
+                loop.call_soon_threadsafe(self._grant, fut)
+                return
+            self._free += 1
+
+    def _grant(self, fut: asyncio.Future[None]) -> None:
+        if fut.done():  # cancelled meanwhile: pass the slot on
+            self.release()
+        else:
+            fut.set_result(None)
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncGenerator[None, None]:
+        await self.acquire()
+        try:
+            yield
+        finally:
+            self.release()
+
+
+_limiter: ProcessLimiter | None = None
+_limiter_lock = threading.Lock()
+_prefect_limit: bool | None = None
+PREFECT_LIMIT = "evalsnap-judge"
+
+
+def judge_limiter() -> ProcessLimiter:
+    """The process's judge limiter: ``EVALSNAP_JUDGE_CONCURRENCY`` slots (default 4)."""
+    global _limiter
+    with _limiter_lock:
+        if _limiter is None:
+            _limiter = ProcessLimiter(int(os.environ.get("EVALSNAP_JUDGE_CONCURRENCY", "4")))
+        return _limiter
+
+
+async def _prefect_limit_exists() -> bool:
+    """Whether a Prefect global concurrency limit ``evalsnap-judge`` exists (checked once,
+    and only inside a Prefect run: replay and direct calls never touch the API)."""
+    global _prefect_limit
+    if _prefect_limit is not None:
+        return _prefect_limit
+    try:
+        from prefect.context import FlowRunContext, TaskRunContext
+
+        if FlowRunContext.get() is None and TaskRunContext.get() is None:
+            return False
+        from prefect.client.orchestration import get_client
+
+        async with get_client() as client:
+            await client.read_global_concurrency_limit_by_name(PREFECT_LIMIT)
+        _prefect_limit = True
+    except Exception:  # noqa: BLE001 - absent limit or no API: the process limiter suffices
+        _prefect_limit = False
+    return _prefect_limit
+
+
+@asynccontextmanager
+async def judge_slot(limiter: ProcessLimiter | asyncio.Semaphore | None
+                     ) -> AsyncGenerator[None, None]:
+    if limiter is None:
+        limiter = judge_limiter()
+    async with limiter.slot() if isinstance(limiter, ProcessLimiter) else limiter:
+        if await _prefect_limit_exists():
+            from prefect.concurrency.asyncio import concurrency
+
+            async with concurrency(PREFECT_LIMIT, occupy=1, strict=False):
+                yield
+        else:
+            yield
+
+
+def retry_delays() -> list[float]:
+    """Backoff between judge attempts: ``EVALSNAP_RETRY_DELAYS`` (seconds), as for tasks."""
+    raw = os.environ.get("EVALSNAP_RETRY_DELAYS", "1,4")
+    return [float(x) for x in raw.split(",") if x.strip()]
+
+
+def is_transient(exc: BaseException) -> bool:
+    flag = getattr(exc, "retryable", None)
+    if flag is not None:
+        return bool(flag)
+    code = getattr(exc, "code", None) or getattr(exc, "status_code", None)
+    if isinstance(code, int):
+        return code in _TRANSIENT_CODES
+    return isinstance(exc, TimeoutError | ConnectionError)
+
+
+# ---- the recorder ----------------------------------------------------------------------------
+
 @dataclass
 class JudgeCall:
-    """One judge request and what came back."""
+    """One judge request (one sample, one attempt) and what came back."""
 
     sequence: int
     sample_index: int
     request_key: str
     request: dict[str, Any]
+    judge_class: str
+    invocation_index: int | None = None
+    role: str = "judge"
+    attempt: int = 1
     raw_response: str | None = None
     error: str | None = None
+    parsed: dict[str, Any] | None = None
+    parse_ok: bool = False
+    live: bool = True
+    """True when the judge model was called; False when answered from a ledger."""
+    reused_from: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None or not self.parse_ok
 
 
 @dataclass
 class JudgeRecorder:
-    """Wraps a judge ``BaseLlm``; counts and records every call."""
+    """Wraps a judge ``BaseLlm``; records every call and where its answer came from."""
 
     inner: Any
+    adapter: JudgeAdapter
+    limiter: ProcessLimiter | asyncio.Semaphore | None = None
+    source: LedgerSource | None = None
     calls: list[JudgeCall] = field(default_factory=list)
-    limiter: asyncio.Semaphore | None = None
+    mismatches: list[str] = field(default_factory=list)
     _samples: Counter[str] = field(default_factory=Counter)
 
     @property
     def model(self) -> str:
         return str(getattr(self.inner, "model", ""))
 
+    @property
+    def live_calls(self) -> int:
+        return sum(1 for c in self.calls if c.live)
+
+    @property
+    def reused_samples(self) -> int:
+        return sum(1 for c in self.calls if not c.live and c.reused_from)
+
+    def failed_samples(self) -> list[JudgeCall]:
+        """Samples whose last attempt errored or did not parse."""
+        last: dict[tuple[str, int], JudgeCall] = {}
+        for c in self.calls:
+            last[(c.request_key, c.sample_index)] = c
+        return [c for c in last.values() if c.failed]
+
+    def failed_invocations(self) -> set[int | None]:
+        """Invocations with a failed sample; ``None`` stands for unattributed calls."""
+        return {c.invocation_index for c in self.failed_samples()}
+
+    def _new_call(self, key: str, sample: int, view: dict[str, Any], prompt: str,
+                  judge_class: str, attempt: int = 1) -> JudgeCall:
+        index, role = self.adapter.tag(prompt, sample)
+        call = JudgeCall(sequence=len(self.calls), sample_index=sample, request_key=key,
+                         request=view, judge_class=judge_class, invocation_index=index,
+                         role=role, attempt=attempt)
+        self.calls.append(call)
+        return call
+
+    def _parse(self, call: JudgeCall) -> None:
+        try:
+            call.parsed, call.parse_ok = self.adapter.parse(call.raw_response or "", call.role)
+        except Exception as exc:  # noqa: BLE001 - a parser crash is an unparseable answer
+            call.parsed, call.parse_ok = {"parser_error": f"{type(exc).__name__}: {exc}"}, False
+
     async def generate_content_async(
         self, llm_request: LlmRequest, stream: bool = False
     ) -> AsyncGenerator[LlmResponse, None]:
         view = request_view(llm_request)
         key = request_key(view)
-        call = JudgeCall(sequence=len(self.calls), sample_index=self._samples[key],
-                         request_key=key, request=view)
+        sample = self._samples[key]
         self._samples[key] += 1
-        self.calls.append(call)
-        try:
-            if self.limiter is not None:
-                async with self.limiter:
-                    responses = [r async for r in self.inner.generate_content_async(llm_request,
-                                                                                   stream)]
-            else:
-                responses = [r async for r in self.inner.generate_content_async(llm_request,
-                                                                               stream)]
-        except Exception as exc:
-            call.error = f"{type(exc).__name__}: {exc}"
-            raise
-        call.raw_response = "".join(response_text(r) for r in responses)
-        for response in responses:
+        prompt = _prompt_text(llm_request)
+        answer = self.source.lookup(key, sample) if self.source is not None else None
+        if answer is not None:
+            call = self._new_call(key, sample, view, prompt, answer.judge_class)
+            call.live, call.reused_from = False, answer.oid
+            call.raw_response, call.error = answer.raw_response, answer.error
+            if answer.error is not None:
+                raise RecordedJudgeError(answer.error)
+            self._parse(call)
+            yield LlmResponse(content=types.Content(
+                role="model", parts=[types.Part(text=answer.raw_response or "")]))
+            return
+        if self.source is not None and self.source.strict:
+            call = self._new_call(key, sample, view, prompt, "")
+            call.live = False
+            call.error = f"no recorded answer for request {key} sample {sample}"
+            self.mismatches.append(
+                f"invocation {call.invocation_index} ({call.role}) sample {sample}: the request "
+                "does not match the ledger (changed template, reference or judge config?)")
+            raise LedgerMismatch(call.error)
+        async for response in self._call_model(llm_request, stream, key, sample, view, prompt):
             yield response
 
+    async def _call_model(self, llm_request: LlmRequest, stream: bool, key: str, sample: int,
+                          view: dict[str, Any], prompt: str) -> AsyncGenerator[LlmResponse, None]:
+        judge_class = f"{type(self.inner).__module__}.{type(self.inner).__qualname__}"
+        delays = retry_delays()
+        for attempt in range(1, len(delays) + 2):
+            call = self._new_call(key, sample, view, prompt, judge_class, attempt)
+            try:
+                async with judge_slot(self.limiter):
+                    responses = [r async for r in self.inner.generate_content_async(
+                        llm_request, stream)]
+            except Exception as exc:
+                call.error = f"{type(exc).__name__}: {exc}"
+                if attempt <= len(delays) and is_transient(exc):
+                    logger.info("judge attempt %d failed (%s); retrying", attempt, call.error)
+                    await asyncio.sleep(delays[attempt - 1])
+                    continue
+                raise
+            call.raw_response = "".join(response_text(r) for r in responses)
+            self._parse(call)
+            for response in responses:
+                yield response
+            return
 
-def attach_recorder(evaluator: Any, limiter: asyncio.Semaphore | None = None) -> JudgeRecorder | None:
+
+def attach_recorder(evaluator: Any, limiter: ProcessLimiter | asyncio.Semaphore | None = None,
+                    source: LedgerSource | None = None) -> JudgeRecorder | None:
     """Wraps the evaluator's judge model, if it has one."""
     inner = getattr(evaluator, "_judge_model", None)
     if inner is None:
         return None
-    recorder = JudgeRecorder(inner=inner, limiter=limiter)
+    recorder = JudgeRecorder(inner=inner, adapter=adapter_for(evaluator), limiter=limiter,
+                             source=source)
     evaluator._judge_model = recorder  # noqa: SLF001 (the documented capture point)
     return recorder

@@ -124,6 +124,9 @@ def plan_rescore(run_or_snapshot: str, store_url: str, evalset: str | None,
     store = repo.open_store(store_url)
     store.check()
     snapshot_oid, snapshot = resolve_snapshot(store, run_or_snapshot)
+    if not sys_paths and config is not None:
+        # custom metrics live in the agent package, beside its test_config.json (as adk eval)
+        sys_paths = [str(Path(config).resolve().parent.parent)]
     for p in sys_paths or []:
         ensure_importable(Path(p) / "_")
     if evalset is not None:

@@ -19,7 +19,7 @@ from google.adk.evaluation.metric_evaluator_registry import MetricEvaluatorRegis
 from evalsnap.context import make_context, run_evaluator
 from evalsnap.fingerprint import fingerprint
 from evalsnap.inference import now_iso
-from evalsnap.judge import JudgeRecorder, attach_recorder
+from evalsnap.judge import JudgeRecorder, LedgerSource, attach_recorder
 from evalsnap.records import FrozenCase, InferenceRecord, MetricRule, ScoreUnit, UnitRow
 
 
@@ -100,8 +100,13 @@ async def score_unit(
     *,
     run_id: str = "",
     judge_limiter: asyncio.Semaphore | None = None,
+    judge_source: LedgerSource | None = None,
 ) -> tuple[ScoreUnit, JudgeRecorder | None]:
-    """Scores ``rule`` on ``frozen``; never raises for a metric's own failure."""
+    """Scores ``rule`` on ``frozen``; never raises for a metric's own failure.
+
+    ``judge_source`` answers judge requests from a ledger (``--reuse``, or ``replay``
+    where it is strict); ``judge_limiter`` defaults to the process's judge limiter.
+    """
     if not inference.ok:
         return not_evaluated(rule, frozen, run_id, f"inference failed: {inference.error}"), None
     reference = EvalCase.model_validate(copy.deepcopy(frozen.reference))
@@ -120,23 +125,51 @@ async def score_unit(
     recorder = None
     try:
         evaluator = registry.get_evaluator(eval_metric)
-        recorder = attach_recorder(evaluator, judge_limiter)
+        recorder = attach_recorder(evaluator, judge_limiter, judge_source)
         context = make_context(inference.initial_session_state, inference.final_session_state,
                                reference.final_session_state)
         result = await run_evaluator(evaluator, actual, expected,
                                      reference.conversation_scenario, context)
     except Exception as exc:
-        return not_evaluated(rule, frozen, run_id, f"metric raised {type(exc).__name__}: {exc}",
-                             len(actual), judge_calls=_calls(recorder)), recorder
+        return _judge_trace(not_evaluated(
+            rule, frozen, run_id, f"metric raised {type(exc).__name__}: {exc}", len(actual)),
+            rule, recorder), recorder
     violation = _contract_violation(rule, result, len(actual))
     if violation:
-        return not_evaluated(rule, frozen, run_id, f"result contract: {violation}", len(actual),
-                             judge_calls=_calls(recorder)), recorder
-    return _unit_from_result(rule, frozen, run_id, result, len(actual), recorder), recorder
+        return _judge_trace(not_evaluated(
+            rule, frozen, run_id, f"result contract: {violation}", len(actual)),
+            rule, recorder), recorder
+    unit = _unit_from_result(rule, frozen, run_id, result, len(actual), recorder)
+    return _judge_trace(unit, rule, recorder), recorder
 
 
 def _calls(recorder: JudgeRecorder | None) -> int:
-    return len(recorder.calls) if recorder else 0
+    """Judge requests that reached a model (answers from a ledger are not calls)."""
+    return recorder.live_calls if recorder else 0
+
+
+def _judge_trace(unit: ScoreUnit, rule: MetricRule, recorder: JudgeRecorder | None) -> ScoreUnit:
+    """Trace coverage and judge calls; an invocation with a failed judge sample (error or
+    unparseable answer) is NOT_EVALUATED and the unit incomplete, whatever ADK's vote."""
+    if not rule.judge:
+        return unit
+    if recorder is None:
+        return unit.model_copy(update={
+            "trace": "unavailable", "judge_calls": 0,
+            "trace_note": "the evaluator holds no `_judge_model` to capture judge calls from"})
+    update: dict[str, Any] = {"trace": "complete", "judge_calls": recorder.live_calls}
+    if not recorder.adapter.known:
+        update["trace_note"] = (f"{recorder.adapter.evaluator_path} is not a known ADK judge: "
+                                "calls are recorded and replayable, not attributed or parsed")
+    failed = recorder.failed_invocations()
+    if failed:
+        update["complete"] = False
+        rows = [UnitRow(invocation_index=r.invocation_index)
+                if r.invocation_index in failed else r for r in unit.rows]
+        if rows != unit.rows:
+            gate_score, status = gate(rows, rule.threshold, unit.metric_status)
+            update.update(rows=rows, gate_score=gate_score, status=status)
+    return unit.model_copy(update=update)
 
 
 def _unit_from_result(rule: MetricRule, frozen: FrozenCase, run_id: str, result: EvaluationResult,
@@ -150,10 +183,13 @@ def _unit_from_result(rule: MetricRule, frozen: FrozenCase, run_id: str, result:
     ] if len(per) == n_actual else [UnitRow(invocation_index=i) for i in range(n_actual)]
     metric_status = _status(result.overall_eval_status)
     gate_score, status = gate(rows, rule.threshold, metric_status)
-    judge_errors = [c for c in (recorder.calls if recorder else []) if c.error is not None]
+    judge_errors = recorder.failed_samples() if recorder else []
     reasons = []
     if judge_errors:
-        reasons.append(f"{len(judge_errors)} judge sample(s) failed: {judge_errors[0].error}")
+        first = judge_errors[0]
+        why = first.error or f"unparseable answer {(first.raw_response or '')[:120]!r}"
+        reasons.append(f"{len(judge_errors)} judge sample(s) failed (invocation "
+                       f"{first.invocation_index}): {why}")
     if status == "NOT_EVALUATED":
         reasons.append("the metric scored no invocation")
     disagree = metric_status != status or (

@@ -14,7 +14,7 @@ from google.adk.evaluation.eval_case import EvalCase
 from google.adk.evaluation.eval_set import EvalSet
 from google.adk.version import __version__ as ADK_VERSION
 
-from evalsnap import repo
+from evalsnap import _ledger, repo
 from evalsnap.agent import LoadedAgent, load_agent
 from evalsnap.config import LoadedConfig, eval_metric_for, resolve_config
 from evalsnap.errors import ConfigError
@@ -146,13 +146,14 @@ def _reusable(store: Any, rule: MetricRule, frozen: FrozenCase, reuse: bool,
         why="reused"), "reused"
 
 
-def _outcome(unit: ScoreUnit, oid: str, why: str) -> UnitOutcome:
+def _outcome(unit: ScoreUnit, oid: str, why: str, reused_judge_samples: int = 0) -> UnitOutcome:
     return UnitOutcome(
         eval_id=unit.eval_id, repetition=unit.repetition, metric_name=unit.metric_name,
         unit_oid=oid, unit_fingerprint=unit.unit_fingerprint,
         case_fingerprint=unit.case_fingerprint, rule_fingerprint=unit.rule_fingerprint,
         complete=unit.complete, status=unit.status, score=unit.score,
-        judge_calls=unit.judge_calls, run_id=unit.run_id, why=why)
+        judge_calls=unit.judge_calls, reused_judge_samples=reused_judge_samples,
+        run_id=unit.run_id, why=why)
 
 
 async def score_metric(store_url: str, snapshot_oid: str, metric_name: str,
@@ -180,13 +181,23 @@ async def score_metric(store_url: str, snapshot_oid: str, metric_name: str,
             return reused
         async with limiter:
             inference = repo.get_inference(store, frozen.inference_oid)
-            unit, _recorder = await score_unit(rule, eval_metric, frozen, inference,
-                                               live.registry, run_id=run_id)
+            unit, recorder = await score_unit(rule, eval_metric, frozen, inference,
+                                              live.registry, run_id=run_id,
+                                              judge_source=judge_source)
+        reused_samples = 0
+        if recorder is not None:
+            # every judge call, live or answered from the ledger, becomes a ledger entry
+            ledger = _ledger.write_entries(store, _ledger.entries_for(recorder, rule, frozen,
+                                                                      run_id))
+            unit = unit.model_copy(update={"ledger": ledger})
+            reused_samples = recorder.reused_samples
         oid = repo.put(store, unit)
         if on_unit is not None:
             on_unit()
-        return _outcome(unit, oid, why)
+        return _outcome(unit, oid, why, reused_samples)
 
+    # --reuse also answers judge requests from the ledger (same request key and sample)
+    judge_source = _ledger.reuse_source(store) if reuse and not force else None
     cases = [c for c in snapshot.cases if case_ids is None or c.eval_id in case_ids]
     return list(await asyncio.gather(*(one(c) for c in cases)))
 

@@ -6,14 +6,13 @@ import hashlib
 from typing import Any
 
 from prefect import get_run_logger
-from prefect.futures import wait
 
 from evalsnap import repo
 from evalsnap.outcomes import InferenceOutcome
 from evalsnap.planning import Plan
 from evalsnap.scoring import unit_fingerprint
 from tasks import freeze_task, publish_task, score_task
-from tasks._prefect import result_storage_for
+from tasks._prefect import result_storage_for, wait_tracked
 
 
 def units_digest(snapshot_oid: str, store_url: str, rule_fp: str,
@@ -26,8 +25,11 @@ def units_digest(snapshot_oid: str, store_url: str, rule_fp: str,
 
 def freeze_score_publish(plan: Plan, *, run_id: str, kind: str,
                          outcomes: list[InferenceOutcome], reuse: bool, force: bool,
-                         concurrency: int) -> str:
-    """The second half of every flow. Returns the record id."""
+                         concurrency: int, progress: Any = None) -> str:
+    """The second half of every flow. Returns the record id.
+
+    ``progress`` (an ``evalsnap.artifacts.RunProgress``) advances as each metric's task ends.
+    """
     logger = get_run_logger()
     storage = result_storage_for(plan.store_url)
     eval_set = plan.selected_eval_set()
@@ -46,7 +48,7 @@ def freeze_score_publish(plan: Plan, *, run_id: str, kind: str,
             units_digest(snapshot_oid, plan.store_url, rule.rule_fingerprint, None),
             plan.config_json, plan.config.where, plan.sys_paths, run_id, reuse, force,
             None, concurrency)
-    wait(list(futures.values()))
+    wait_tracked(list(futures.values()), progress)
     units: list[dict[str, Any]] = []
     for name, future in futures.items():
         result = future.result()

@@ -5,19 +5,19 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any
 
-from prefect import flow, get_run_logger
-from prefect.futures import wait
+from prefect import flow, get_run_logger, tags
 from prefect.runtime import flow_run
 from prefect.states import State
 from pydantic import Field
 
-from evalsnap import repo, stages
+from evalsnap import repo, runners, stages
+from evalsnap.artifacts import RunProgress
 from evalsnap.outcomes import InferenceOutcome
-from evalsnap.planning import fingerprint_for, plan_run
+from evalsnap.planning import Plan, fingerprint_for, plan_run
 from evalsnap.report import flow_result
 from flows._common import freeze_score_publish
 from tasks import infer_task
-from tasks._prefect import result_storage_for
+from tasks._prefect import result_storage_for, wait_tracked
 
 DEFAULT_STORE = ".evalsnap"
 
@@ -37,7 +37,7 @@ def _failure_message(state: State) -> tuple[str, int]:
 
 
 @flow(name="evalsnap-evaluate", flow_run_name=_run_name, log_prints=False,
-      validate_parameters=True)
+      validate_parameters=True, task_runner=runners.thread_runner())
 def evaluate(
     agent_dir: Annotated[str, Field(description="ADK agent package directory (exposes root_agent)")],
     evalset: Annotated[str, Field(description="Path of the .evalset.json file")],
@@ -49,11 +49,27 @@ def evaluate(
     cases: Annotated[list[str] | None, Field(description="Only these eval_ids (default: all)")] = None,
     repetitions: Annotated[int, Field(ge=1, description="Runs of the agent per case")] = 1,
     concurrency: Annotated[int, Field(ge=1, description="Units scored at once per metric")] = 8,
+    task_runner: Annotated[runners.TaskRunnerName | None, Field(
+        description="Where tasks run: threads in the flow's process, or dask (a local "
+                    "cluster of worker processes, or the scheduler at dask_address). "
+                    "Default: $EVALSNAP_TASK_RUNNER, else threads")] = None,
+    dask_address: Annotated[str | None, Field(
+        description="Existing Dask scheduler, e.g. tcp://10.0.0.5:8786 (implies dask). "
+                    "Default: $EVALSNAP_DASK_ADDRESS")] = None,
 ) -> dict[str, Any]:
     """Runs the agent on every case, freezes a snapshot, scores each metric, publishes."""
-    logger = get_run_logger()
     plan = plan_run(agent_dir, evalset, config, store, metrics, cases, repetitions)
     run_id = stages.new_run_id()
+    with tags("evalsnap", f"evalset:{plan.eval_set.eval_set_id}"), \
+            runners.task_runner_scope(task_runner, dask_address):
+        return _evaluate(plan, run_id, reuse=reuse, force=force, concurrency=concurrency)
+
+
+def _evaluate(plan: Plan, run_id: str, *, reuse: bool, force: bool,
+              concurrency: int) -> dict[str, Any]:
+    logger = get_run_logger()
+    progress = RunProgress(len(plan.case_ids) * plan.repetitions + len(plan.metric_names) + 1,
+                           f"{plan.eval_set.eval_set_id}: inference, scoring, publish")
     storage = result_storage_for(plan.store_url)
     infer = infer_task.with_options(result_storage=storage, refresh_cache=not reuse)
     submitted = []
@@ -65,7 +81,7 @@ def evaluate(
                                   plan.eval_set.eval_set_id, case_id, rep,
                                   fingerprint_for(plan, case_id, rep), run_id, reuse)
             submitted.append((case_id, rep, case_data, future))
-    wait([f for *_, f in submitted])
+    wait_tracked([f for *_, f in submitted], progress)
     outcomes: list[InferenceOutcome] = []
     for case_id, rep, case_data, future in submitted:
         state = future.state
@@ -81,5 +97,7 @@ def evaluate(
             plan.store_url, str(plan.agent.path), case_data, plan.eval_set.eval_set_id, rep,
             run_id, message, attempts=(infer.retries or 0) + 1))
     record_oid = freeze_score_publish(plan, run_id=run_id, kind="run", outcomes=outcomes,
-                                      reuse=reuse, force=force, concurrency=concurrency)
+                                      reuse=reuse, force=force, concurrency=concurrency,
+                                      progress=progress)
+    progress.advance()  # published
     return flow_result(repo.open_store(plan.store_url), record_oid)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any
 
-from prefect import flow
+from prefect import flow, tags
 from prefect.runtime import flow_run
 from pydantic import Field
 
-from evalsnap import repo, stages
+from evalsnap import repo, runners, stages
+from evalsnap.artifacts import RunProgress
 from evalsnap.planning import plan_rescore
 from evalsnap.report import flow_result
 from flows._common import freeze_score_publish
@@ -21,7 +22,8 @@ def _run_name() -> str:
     return f"rescore-{str(params.get('run_or_snapshot', ''))[:20]}-{dt.datetime.now(dt.UTC):%Y-%m-%d-%H%M}"
 
 
-@flow(name="evalsnap-rescore", flow_run_name=_run_name, validate_parameters=True)
+@flow(name="evalsnap-rescore", flow_run_name=_run_name, validate_parameters=True,
+      task_runner=runners.thread_runner())
 def rescore(
     run_or_snapshot: Annotated[str, Field(description="Run id, record id, snapshot id, or 'latest'")],
     evalset: Annotated[str | None, Field(description="Edited .evalset.json (default: the frozen references)")] = None,
@@ -33,11 +35,22 @@ def rescore(
     cases: Annotated[list[str] | None, Field(description="Only these eval_ids (default: all)")] = None,
     code_paths: Annotated[list[str] | None, Field(description="Directories to import custom metrics from (e.g. the agent's parent)")] = None,
     concurrency: Annotated[int, Field(ge=1, description="Units scored at once per metric")] = 8,
+    task_runner: Annotated[runners.TaskRunnerName | None, Field(
+        description="Where scoring tasks run: threads, or dask (a local cluster, or the "
+                    "scheduler at dask_address). Default: $EVALSNAP_TASK_RUNNER, else threads")] = None,
+    dask_address: Annotated[str | None, Field(
+        description="Existing Dask scheduler, e.g. tcp://10.0.0.5:8786 (implies dask)")] = None,
 ) -> dict[str, Any]:
     """Never calls the agent: freezes the earlier inference with the given references and rules."""
     plan = plan_rescore(run_or_snapshot, store, evalset, config, metrics, cases, code_paths)
     run_id = stages.new_run_id()
-    record_oid = freeze_score_publish(plan, run_id=run_id, kind="rescore",
-                                      outcomes=plan.source_outcomes, reuse=reuse, force=force,
-                                      concurrency=concurrency)
+    progress = RunProgress(len(plan.metric_names) + 1,
+                           f"{plan.eval_set.eval_set_id}: rescoring, publish")
+    with tags("evalsnap", f"evalset:{plan.eval_set.eval_set_id}"), \
+            runners.task_runner_scope(task_runner, dask_address):
+        record_oid = freeze_score_publish(plan, run_id=run_id, kind="rescore",
+                                          outcomes=plan.source_outcomes, reuse=reuse,
+                                          force=force, concurrency=concurrency,
+                                          progress=progress)
+    progress.advance()  # published
     return flow_result(repo.open_store(plan.store_url), record_oid)

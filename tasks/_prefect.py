@@ -54,3 +54,12 @@ def score_cache_key(context: Any, parameters: dict[str, Any]) -> str | None:
     if not parameters.get("reuse") or parameters.get("force"):
         return None
     return f"score/{parameters['metric_name']}/{repo.hexof(parameters['units_digest'])}"
+
+
+def wait_tracked(futures: list[Any], progress: Any = None) -> None:
+    """Waits for every future, advancing the run's progress artifact as each completes."""
+    from prefect.futures import as_completed
+
+    for _future in as_completed(futures):
+        if progress is not None:
+            progress.advance()

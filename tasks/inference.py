@@ -7,7 +7,7 @@ from typing import Any
 from prefect import task
 from prefect.runtime import task_run
 
-from evalsnap import progress, stages
+from evalsnap import progress, runners, stages
 from evalsnap.outcomes import InferenceOutcome
 from tasks._prefect import infer_cache_key, retries, retry_delays
 
@@ -30,8 +30,10 @@ async def infer_task(store_url: str, agent_dir: str, case_data: dict[str, Any], 
                      eval_id: str, repetition: int, fingerprint: str, run_id: str,
                      reuse: bool) -> dict[str, Any]:
     attempt = int(task_run.get_run_count() or 1)
-    outcome = await stages.infer_case(store_url, agent_dir, case_data, eval_set_id, repetition,
-                                      run_id, reuse, attempt=attempt)
+    # One slot of the agent-model limit per inference (a case's turns run in sequence).
+    async with runners.model_slot("agent"):
+        outcome = await stages.infer_case(store_url, agent_dir, case_data, eval_set_id,
+                                          repetition, run_id, reuse, attempt=attempt)
     if outcome.status != "success":
         raise InferenceFailed(f"inference of {eval_id} failed: {outcome.error}", outcome.oid)
     progress.advance("inference")

@@ -1,4 +1,4 @@
-"""Publish task: record, manifest last, then Prefect artifacts."""
+"""Publish task: record, manifest last, then Prefect artifacts (a view of the record)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ from typing import Any
 from prefect import task
 
 from evalsnap import publish as publishing
+from evalsnap import repo
+from evalsnap.artifacts import publish_artifacts
 from evalsnap.outcomes import InferenceOutcome, UnitOutcome
+from evalsnap.report import summary
 
 
 @task(name="publish", tags=["evalsnap", "publish"], persist_result=False)
@@ -18,10 +21,11 @@ def publish_task(store_url: str, run_id: str, kind: str, snapshot_oid: str,
                  agent_dir: str | None = None) -> str:
     from evalsnap.adk_history import history_writer
 
-    record_oid, _record = publishing.publish(
+    record_oid, record = publishing.publish(
         store_url, run_id=run_id, kind=kind, snapshot_oid=snapshot_oid,
         inference=[InferenceOutcome.model_validate(i) for i in inference],
         units=[UnitOutcome.model_validate(u) for u in units], reuse=reuse, force=force,
         source=source, skipped_cases=skipped_cases, uninferred_cases=uninferred_cases,
         history_writer=history_writer(store_url, agent_dir))
+    publish_artifacts(summary(repo.open_store(store_url), record_oid, record), store_url)
     return record_oid

@@ -2,6 +2,7 @@
 
 from evalsnap.records._base import CorruptRecordError, StoredModel
 from evalsnap.records.inference import InferenceRecord
+from evalsnap.records.judge import LedgerEntry
 from evalsnap.records.record import (
     EvaluationRecord,
     InferenceRef,
@@ -20,6 +21,7 @@ __all__ = [
     "FrozenCase",
     "InferenceRecord",
     "InferenceRef",
+    "LedgerEntry",
     "ManifestEntry",
     "MetricRule",
     "RunManifest",
