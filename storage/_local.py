@@ -1,0 +1,96 @@
+"""Crash-safe writes on local disk.
+
+A reader must never see a half-written file, so bytes go to a temporary file in the final
+directory (same filesystem), are fsynced, and only then get their final name:
+
+* write-once objects: ``os.link`` (fails if the name exists, so the first writer wins and
+  later writers of the same content do nothing);
+* mutable refs: ``os.replace`` (atomic whole-file replacement).
+
+Temporary names start with ``.tmp-``; ids cannot start with a dot, so a leftover from a
+crash never looks like an object or a ref.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+from pathlib import Path
+
+__all__ = ["TEMP_PREFIX", "write_once", "write_replace"]
+
+TEMP_PREFIX = ".tmp-"
+
+# Filesystems without hard links (some FUSE, SMB and FAT mounts) answer these.
+_NO_LINK_ERRNOS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV}
+
+
+def write_once(path: str, data: bytes) -> None:
+    """Create ``path`` with ``data`` unless it exists; safe against concurrent writers."""
+    final = Path(path)
+    if final.exists():
+        return
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _write_temp(final.parent, data)
+    try:
+        try:
+            os.link(tmp, final)
+        except FileExistsError:
+            pass  # another writer stored the same content first
+        except OSError as exc:
+            if exc.errno not in _NO_LINK_ERRNOS:
+                raise
+            # No hard links here: a rename is still atomic, and replacing a content-addressed
+            # file with the same content is harmless.
+            os.replace(tmp, final)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    _fsync_dir(final.parent)
+
+
+def write_replace(path: str, data: bytes) -> None:
+    """Atomically replace ``path`` with ``data`` (readers see old or new, never a mix)."""
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _write_temp(final.parent, data)
+    try:
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(final.parent)
+
+
+def _write_temp(directory: Path, data: bytes) -> Path:
+    tmp = directory / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
+    # O_EXCL: never write through a file someone else created; 0o644 is filtered by umask.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    fd = os.open(tmp, flags, 0o644)
+    try:
+        with open(fd, "wb", closefd=True) as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the new directory entry durable; a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,327 @@
+"""The evalsnap store: content-addressed objects and mutable refs behind one fsspec URL.
+
+Layout: see :mod:`storage._layout`. Objects are created only if absent (object stores: one
+conditional PUT, ``pipe_file(mode="create")``; local disk: temp file + fsync + ``os.link``),
+so writing an existing object is a no-op and retries are idempotent; every read re-hashes.
+Refs are replaced whole (object stores: one PUT; local disk: temp file + fsync +
+``os.replace``). Nothing is renamed on an object store, and nothing is built there with
+``open('wb')``: the bytes are complete before the single write.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from storage import _local
+from storage._backend import open_backend
+from storage._layout import (
+    LAYOUT_VERSION,
+    MARKER,
+    as_bytes,
+    check_content,
+    object_rel,
+    oid_from_rel,
+    ref_rel,
+)
+from storage.errors import CorruptObjectError, ObjectNotFound, StoreUnavailable
+from storage.ids import ID_PATTERN, MAX_ID_LENGTH, OBJECT_KINDS, oid_of, validate_kind
+
+__all__ = ["LAYOUT_VERSION", "Problem", "Store"]
+
+_VERIFY_BATCH = 64
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding of :meth:`Store.verify`."""
+
+    path: str
+    """URL of the offending file."""
+    kind: str
+    """Object kind whose area the file is in."""
+    message: str
+    """What is wrong and what to do about it."""
+
+
+class Store:
+    """Content-addressed objects and mutable refs in one location given by a URL.
+
+    ``url`` is a local path (relative or absolute), ``file://PATH``, ``s3://BUCKET/PREFIX``,
+    ``gs://BUCKET/PREFIX`` or ``memory://NAME``. Credentials and endpoints come from each
+    backend's standard chain (``AWS_*`` variables incl. ``AWS_ENDPOINT_URL``;
+    ``STORAGE_EMULATOR_HOST`` or Application Default Credentials), or from
+    ``storage_options`` for the fsspec filesystem. Every remote call has a deadline
+    (``timeout`` seconds; more for big transfers and listings), so a dead store raises
+    :class:`StoreUnavailable` instead of hanging. The first call probes the store once.
+    """
+
+    url: str
+    """The normalized store URL (a plain absolute path for local stores); no credentials."""
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: Mapping[str, str] | None = None,
+        *,
+        timeout: float = 10.0,
+    ) -> None:
+        self._b = open_backend(url, storage_options, timeout)
+        self._options = dict(storage_options or {})
+        self._ready = False
+        self._lock = threading.Lock()
+        self.url = self._b.url
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Locks and event loops do not pickle; a store is fully described by its arguments.
+        return (_rebuild, (self.url, self._options, self._b.timeout))
+
+    # -- health -----------------------------------------------------------------------------
+
+    def check(self, *, write: bool = True) -> None:
+        """Probe the store now: reachable, bucket present and (if ``write``) writable."""
+        with self._lock:
+            self._ready = False
+        self._ensure_ready()
+        if not write:
+            return
+        rel = f"{LAYOUT_VERSION}/STORE"
+        self._write_whole(rel, MARKER, f"writing {self._url(rel)}")
+        if self._read(rel, f"reading {self._url(rel)} back") != MARKER:
+            raise StoreUnavailable(
+                self.url,
+                f"{self._url(rel)} read back different bytes than were written; "
+                "check that nothing else rewrites files in this location",
+            )
+
+    # -- content-addressed objects -------------------------------------------------------
+
+    def put_object(self, kind: str, data: bytes) -> str:
+        """Store ``data`` under its sha256 unless present; return ``"sha256:<hex>"``."""
+        kind = validate_kind(kind)
+        data = as_bytes(data)
+        oid = oid_of(data)
+        rel = object_rel(kind, oid)
+        self._ensure_ready()
+        what = f"writing {self._url(rel)}"
+        if self._b.protocol == "file":
+            self._local(_local.write_once, rel, data, what)
+            return oid
+        try:
+            self._b.call(what, "pipe_file", self._path(rel), data, mode="create", nbytes=len(data))
+        except FileExistsError:
+            pass  # the same bytes are already there, perhaps from a concurrent writer
+        except FileNotFoundError as exc:
+            raise self._b.missing_bucket(what) from exc
+        return oid
+
+    def get_object(self, kind: str, oid: str) -> bytes:
+        """The bytes of an object, verified against ``oid``."""
+        rel = object_rel(validate_kind(kind), oid)
+        self._ensure_ready()
+        data = self._read(rel, f"reading {self._url(rel)}", long=True)
+        if data is None:
+            raise ObjectNotFound(self._url(rel))
+        actual = oid_of(data)
+        if actual != oid:
+            raise CorruptObjectError(self._url(rel), oid, actual)
+        return data
+
+    def has_object(self, kind: str, oid: str) -> bool:
+        rel = object_rel(validate_kind(kind), oid)
+        self._ensure_ready()
+        try:
+            info = self._b.call(f"looking up {self._url(rel)}", "info", self._path(rel))
+        except FileNotFoundError:
+            return False
+        return bool(info.get("type") == "file")
+
+    def iter_objects(self, kind: str) -> Iterator[str]:
+        """The oids stored under ``kind``, sorted. The listing is taken when called."""
+        entries, _ = self._scan(validate_kind(kind))
+        return iter([oid for oid, _ in entries])
+
+    def object_url(self, kind: str, oid: str) -> str:
+        return self._url(object_rel(validate_kind(kind), oid))
+
+    # -- mutable refs ---------------------------------------------------------------------
+
+    def put_ref(self, namespace: str, name: str, data: bytes) -> None:
+        """Replace the ref ``namespace/name`` with ``data`` in one atomic write."""
+        rel = ref_rel(namespace, name)
+        data = as_bytes(data)
+        self._ensure_ready()
+        self._write_whole(rel, data, f"writing {self._url(rel)}")
+
+    def get_ref(self, namespace: str, name: str) -> bytes | None:
+        """The ref's bytes, or ``None`` if it does not exist."""
+        rel = ref_rel(namespace, name)
+        self._ensure_ready()
+        return self._read(rel, f"reading {self._url(rel)}", long=True)
+
+    def list_refs(self, namespace: str) -> list[str]:
+        """Names of the refs directly under ``namespace`` (not in sub-namespaces), sorted."""
+        rel = ref_rel(namespace, None)
+        self._ensure_ready()
+        folder = self._path(rel)
+        try:
+            entries = self._b.call(
+                f"listing {self._url(rel)}", "ls", folder, detail=True, long=True
+            )
+        except FileNotFoundError:
+            return []
+        names = []
+        for entry in entries:
+            parent, _, base = str(entry["name"]).rstrip("/").rpartition("/")
+            if (
+                entry.get("type") == "file"
+                and parent == folder
+                and len(base) <= MAX_ID_LENGTH
+                and ID_PATTERN.match(base)  # skips temporary files, which start with a dot
+            ):
+                names.append(base)
+        return sorted(names)
+
+    def delete_ref(self, namespace: str, name: str) -> None:
+        """Remove a ref; removing a missing ref is a no-op."""
+        rel = ref_rel(namespace, name)
+        self._ensure_ready()
+        try:
+            self._b.call(f"deleting {self._url(rel)}", "rm_file", self._path(rel))
+        except FileNotFoundError:
+            pass
+
+    # -- integration and audit ------------------------------------------------------------
+
+    def prefect_storage_basepath(self) -> str:
+        """Base path for Prefect's LocalFileSystem / RemoteFileSystem result storage."""
+        return self._url(f"{LAYOUT_VERSION}/prefect")
+
+    def verify(self) -> list[Problem]:
+        """Re-hash every object; report corrupt, unreadable and stray files."""
+        problems: list[Problem] = []
+        for kind in OBJECT_KINDS:
+            entries, strays = self._scan(kind)
+            problems.extend(
+                Problem(
+                    self._url_of(path),
+                    kind,
+                    "unexpected file in the object area (a temporary file left by an "
+                    "interrupted write, or a foreign file); delete it once no write is running",
+                )
+                for path in strays
+            )
+            for start in range(0, len(entries), _VERIFY_BATCH):
+                batch = entries[start : start + _VERIFY_BATCH]
+                contents = self._read_many([path for _, path in batch])
+                for oid, path in batch:
+                    problem = check_content(oid, contents[path])
+                    if problem:
+                        problems.append(Problem(self._url_of(path), kind, problem))
+        return problems
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _path(self, rel: str) -> str:
+        return f"{self._b.root}/{rel}"
+
+    def _url(self, rel: str) -> str:
+        return f"{self.url.rstrip('/')}/{rel}"
+
+    def _url_of(self, path: str) -> str:
+        prefix = f"{self._b.root}/"
+        return self._url(path[len(prefix) :]) if path.startswith(prefix) else path
+
+    def _ensure_ready(self) -> None:
+        """Probe once per instance, so that a missing bucket is not mistaken for an empty
+        store (object stores answer "not found" for both)."""
+        if self._ready:
+            return
+        with self._lock:
+            if not self._ready:
+                self._probe()
+                self._ready = True
+
+    def _probe(self) -> None:
+        if self._b.protocol == "file":
+            if os.path.exists(self._b.root) and not os.path.isdir(self._b.root):
+                raise StoreUnavailable(
+                    self.url, "it is a file, not a directory; choose another store path"
+                )
+            return
+        if not self._b.is_object_store:
+            return
+        what = f"looking up bucket {self._b.bucket!r}"
+        try:
+            self._b.call(
+                what, "info", self._b.bucket, passthrough=(FileNotFoundError, PermissionError)
+            )
+        except FileNotFoundError as exc:
+            raise self._b.missing_bucket(what) from exc
+        except PermissionError:
+            pass  # may use objects without reading bucket metadata; real calls will tell
+
+    def _local(self, write: Callable[[str, bytes], None], rel: str, data: bytes, what: str) -> None:
+        try:
+            write(self._path(rel), data)
+        except OSError as exc:
+            raise self._b.unavailable(what, exc, self._b.deadline()) from exc
+
+    def _write_whole(self, rel: str, data: bytes, what: str) -> None:
+        """Replace a mutable file in one atomic step."""
+        if self._b.protocol == "file":
+            self._local(_local.write_replace, rel, data, what)
+            return
+        try:
+            self._b.call(what, "pipe_file", self._path(rel), data, nbytes=len(data))
+        except FileNotFoundError as exc:
+            raise self._b.missing_bucket(what) from exc
+
+    def _read(self, rel: str, what: str, long: bool = False) -> bytes | None:
+        try:
+            data = self._b.call(what, "cat_file", self._path(rel), long=long)
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+        return bytes(data)
+
+    def _scan(self, kind: str) -> tuple[list[tuple[str, str]], list[str]]:
+        """(oid, path) of every well-named object of ``kind``, and every other file there."""
+        self._ensure_ready()
+        base = self._path(f"{LAYOUT_VERSION}/objects/{kind}")
+        try:
+            found = self._b.call(f"listing {self._url_of(base)}", "find", base, long=True)
+        except FileNotFoundError:
+            return [], []
+        entries: list[tuple[str, str]] = []
+        strays: list[str] = []
+        for path in sorted(str(p) for p in found):
+            oid = oid_from_rel(path[len(base) + 1 :]) if path.startswith(base + "/") else None
+            if oid:
+                entries.append((oid, path))
+            else:
+                strays.append(path)
+        return entries, strays
+
+    def _read_many(self, paths: list[str]) -> dict[str, bytes | BaseException]:
+        """Read a batch concurrently where the backend can (fsspec ``cat`` on a list)."""
+        raw = self._b.call("reading objects", "cat", paths, on_error="return", long=True)
+        out: dict[str, bytes | BaseException] = {}
+        for path in paths:
+            value = raw.get(path) if isinstance(raw, dict) else None
+            if value is None:  # key spelled differently by the backend: read it alone
+                try:
+                    value = self._b.call("reading objects", "cat_file", path, long=True)
+                except (FileNotFoundError, StoreUnavailable) as exc:
+                    value = exc
+            out[path] = value
+        return out
+
+
+def _rebuild(url: str, options: dict[str, str], timeout: float) -> Store:
+    return Store(url, options, timeout=timeout)
