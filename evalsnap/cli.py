@@ -205,4 +205,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Under `python -m evalsnap.cli` this module runs as __main__; the command modules
+    # register on the importable `evalsnap.cli.app`, so dispatch through that one.
+    from evalsnap.cli import main as _main
+
+    _main()

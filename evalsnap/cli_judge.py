@@ -2,4 +2,30 @@
 
 from __future__ import annotations
 
-from evalsnap.cli import app  # noqa: F401
+import asyncio
+import logging
+from typing import Annotated
+
+import typer
+
+from evalsnap import repo
+from evalsnap.cli import JsonOpt, OptionOpt, StoreOpt, _emit, _handled, _storage_options, app
+
+
+@app.command()
+def replay(
+    record: Annotated[str, typer.Argument(help="Run id, record id or 'latest'")],
+    store: StoreOpt = ".evalsnap",
+    storage_option: OptionOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Parse and aggregate the recorded judge answers again; no model is called, nothing is
+    written. Exit 2 when a judge request no longer matches the ledger."""
+    from evalsnap.replay import replay as replay_record
+
+    logging.getLogger("google_adk").setLevel(logging.ERROR)
+    with _handled():
+        repo.configure_store(store, _storage_options(storage_option))
+        result = asyncio.run(replay_record(repo.open_store(store), record))
+    _emit(result, as_json)
+    raise typer.Exit(result["exit_code"])

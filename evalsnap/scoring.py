@@ -48,10 +48,21 @@ def gate(rows: list[UnitRow], threshold: float, metric_status: str) -> tuple[flo
     return mean, "PASSED" if mean >= threshold else "FAILED"
 
 
-def _interval(rule: MetricRule) -> tuple[float | None, float | None]:
+def _interval(rule: MetricRule) -> dict[str, Any]:
     info = (rule.metric_info or {}).get("metricValueInfo") or {}
-    interval = info.get("interval") or {}
-    return interval.get("minValue"), interval.get("maxValue")
+    return info.get("interval") or {}
+
+
+def _outside(score: float, interval: dict[str, Any]) -> bool:
+    lo, hi = interval.get("minValue"), interval.get("maxValue")
+    if lo is not None and (score < lo or (interval.get("openAtMin") and score == lo)):
+        return True
+    return hi is not None and (score > hi or bool(interval.get("openAtMax") and score == hi))
+
+
+def _interval_text(interval: dict[str, Any]) -> str:
+    return (f"{'(' if interval.get('openAtMin') else '['}{interval.get('minValue')}, "
+            f"{interval.get('maxValue')}{')' if interval.get('openAtMax') else ']'}")
 
 
 def _contract_violation(rule: MetricRule, result: Any, n_actual: int) -> str | None:
@@ -59,18 +70,22 @@ def _contract_violation(rule: MetricRule, result: Any, n_actual: int) -> str | N
         return f"returned {type(result).__name__}, not an ADK EvaluationResult"
     status = _status(result.overall_eval_status)
     rows = result.per_invocation_results
-    if status not in ("NOT_EVALUATED", "INFORMATIONAL") and len(rows) != n_actual:
+    # Only an entirely NOT_EVALUATED result may omit its rows (all of them); INFORMATIONAL
+    # metrics (ADK's efficiency evaluators) are not gated.
+    omitted = status == "NOT_EVALUATED" and not rows
+    if status != "INFORMATIONAL" and not omitted and len(rows) != n_actual:
         return (f"returned {len(rows)} per-invocation results for {n_actual} actual invocations "
-                "(a scored metric returns exactly one per invocation, in order)")
-    lo, hi = _interval(rule)
+                "(result row count is rejected: a scored metric returns exactly one row per "
+                "actual invocation, in order)")
+    interval = _interval(rule)
     scores = [result.overall_score] + [r.score for r in rows]
     for s in scores:
         if s is None:
             continue
-        if not isinstance(s, int | float) or math.isnan(s):
+        if isinstance(s, bool) or not isinstance(s, int | float) or math.isnan(s):
             return f"returned a non-numeric score {s!r}"
-        if (lo is not None and s < lo) or (hi is not None and s > hi):
-            return f"returned score {s} outside its declared interval [{lo}, {hi}]"
+        if _outside(s, interval):
+            return f"returned score {s} outside its declared interval {_interval_text(interval)}"
     return None
 
 
@@ -197,7 +212,8 @@ def _unit_from_result(rule: MetricRule, frozen: FrozenCase, run_id: str, result:
         and abs(result.overall_score - gate_score) > 1e-9)
     if disagree and status != "NOT_EVALUATED":
         reasons.append(f"metric reports {metric_status} (score {result.overall_score}); gate "
-                       f"(mean of per-invocation scores) gives {status} ({gate_score})")
+                       f"(mean of per-invocation scores) gives {status} ({gate_score}): the "
+                       "overall score/status and the mean of scored rows use different policies")
     return ScoreUnit(
         score=result.overall_score, metric_status=metric_status,  # type: ignore[arg-type]
         gate_score=gate_score, status=status, rows=rows,  # type: ignore[arg-type]

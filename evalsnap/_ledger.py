@@ -1,0 +1,108 @@
+"""The judge ledger in the store: entries in, the reuse index, answers out.
+
+* ``v1/objects/judge/…``                  one LedgerEntry per judge sample attempt
+* ``v1/refs/index/judge/<hex>``           sha256(request key # sample index) → the entry
+                                          that answered it (only successful, parsed ones)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from evalsnap import repo
+from evalsnap.errors import NotFoundError
+from evalsnap.inference import now_iso
+from evalsnap.judge import JudgeRecorder, LedgerAnswer, LedgerSource, sample_ref
+from evalsnap.records import FrozenCase, LedgerEntry, MetricRule
+from storage import CorruptObjectError, ObjectNotFound, Store
+
+logger = logging.getLogger(__name__)
+INDEX = "index/judge"
+
+
+def entries_for(recorder: JudgeRecorder, rule: MetricRule, frozen: FrozenCase,
+                run_id: str) -> list[LedgerEntry]:
+    """One entry per recorded call, in call order."""
+    created = now_iso()
+    out = []
+    for call in recorder.calls:
+        view = call.request
+        out.append(LedgerEntry(
+            metric_name=rule.metric_name, eval_id=frozen.eval_id, repetition=frozen.repetition,
+            invocation_index=call.invocation_index, role=call.role,
+            sample_index=call.sample_index, attempt=call.attempt, request_key=call.request_key,
+            judge_model={"model": view.get("model"), "class": call.judge_class},
+            generation_config=view.get("config"), request={"contents": view.get("contents")},
+            raw_response=call.raw_response, error=call.error, parsed=call.parsed,
+            parse_ok=call.parse_ok, evaluator=recorder.adapter.evaluator_path,
+            aggregation_version=recorder.adapter.aggregation_version,
+            source="model" if call.live else "ledger",
+            reused_from=None if call.live else call.reused_from,
+            run_id=run_id, created_at=created))
+    return out
+
+
+def write_entries(store: Store, entries: list[LedgerEntry]) -> list[str]:
+    """Stores the entries and points the reuse index at each successful, parsed answer."""
+    oids = []
+    for entry in entries:
+        oid = repo.put(store, entry)
+        oids.append(oid)
+        if not entry.failed:
+            store.put_ref(INDEX, sample_ref(entry.request_key, entry.sample_index),
+                          json.dumps({"oid": oid}).encode())
+    return oids
+
+
+def load_entry(store: Store, oid: str) -> LedgerEntry | None:
+    try:
+        return repo.get(store, LedgerEntry, oid)
+    except (CorruptObjectError, NotFoundError, ObjectNotFound) as exc:
+        logger.warning("judge ledger entry %s unusable (%s)", oid, exc)
+        return None
+
+
+def _answer(oid: str, entry: LedgerEntry) -> LedgerAnswer:
+    return LedgerAnswer(oid=entry.reused_from or oid, raw_response=entry.raw_response,
+                        error=entry.error, judge_class=str(entry.judge_model.get("class", "")))
+
+
+def reuse_source(store: Store) -> LedgerSource:
+    """``--reuse``: any earlier successful answer to the same (request key, sample index)."""
+
+    def lookup(key: str, sample: int) -> LedgerAnswer | None:
+        data = store.get_ref(INDEX, sample_ref(key, sample))
+        if data is None:
+            return None
+        try:
+            oid = json.loads(data)["oid"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            return None
+        entry = load_entry(store, oid)
+        if entry is None or entry.failed or entry.request_key != key \
+                or entry.sample_index != sample:
+            return None
+        return _answer(oid, entry)
+
+    return LedgerSource(lookup=lookup)
+
+
+def replay_source(store: Store, ledger: list[str]) -> tuple[LedgerSource, list[LedgerEntry]]:
+    """Replay: only this unit's entries, the last attempt of each sample; nothing else."""
+    last: dict[tuple[str, int], tuple[str, LedgerEntry]] = {}
+    entries = []
+    for oid in ledger:
+        entry = repo.get(store, LedgerEntry, oid)
+        entries.append(entry)
+        key = (entry.request_key, entry.sample_index)
+        if key not in last or entry.attempt >= last[key][1].attempt:
+            last[key] = (oid, entry)
+    answers = {key: LedgerAnswer(oid=oid, raw_response=e.raw_response, error=e.error,
+                                 judge_class=str(e.judge_model.get("class", "")))
+               for key, (oid, e) in last.items()}
+
+    def lookup(key: str, sample: int) -> LedgerAnswer | None:
+        return answers.get((key, sample))
+
+    return LedgerSource(lookup=lookup, strict=True), entries
