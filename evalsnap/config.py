@@ -8,6 +8,7 @@ top-level ``evalsnapPlugins`` / ``metricVersions`` keys.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import json
 import sys
@@ -91,7 +92,8 @@ def _split_extensions(raw: dict[str, Any], where: str) -> tuple[dict[str, Any], 
     declared = raw.get("metricVersions", {}) or {}
     if not isinstance(declared, dict):
         raise ConfigError(f"{where}: `metricVersions` must map metric names to version strings.")
-    versions.update({str(k): str(v) for k, v in declared.items()})
+    versions.update({str(k): _version(v, f"metricVersions.{k}", where)
+                     for k, v in declared.items()})
     customs = adk.get("customMetrics", adk.get("custom_metrics"))
     if customs is not None and not isinstance(customs, dict):
         raise ConfigError(f"{where}: `customMetrics` must be an object keyed by metric name.")
@@ -104,10 +106,33 @@ def _split_extensions(raw: dict[str, Any], where: str) -> tuple[dict[str, Any], 
                 )
             entry = dict(entry)
             if "version" in entry:
-                versions[name] = str(entry.pop("version"))
+                versions[name] = _version(entry.pop("version"), f"customMetrics.{name}.version",
+                                          where)
             cleaned[name] = entry
         adk["customMetrics" if "customMetrics" in adk else "custom_metrics"] = cleaned
     return adk, versions
+
+
+def _version(value: Any, key: str, where: str) -> str:
+    """A declared implementation version: a non-empty string (a number is accepted)."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float) or not str(value):
+        raise ConfigError(f"{where}: `{key}` must be a non-empty version string such as \"1\"; "
+                          "remove it to have the metric scored again on every run.")
+    return str(value)
+
+
+def _validation_message(exc: ValidationError, where: str) -> str:
+    err = exc.errors()[0]
+    loc = [str(p) for p in err.get("loc", ())]
+    at = ".".join(loc)
+    if loc and loc[0] in ("customMetrics", "custom_metrics"):
+        name = loc[1] if len(loc) > 1 else "?"
+        return (f"{where}: customMetrics.{name} is malformed: {err.get('msg')} at `{at}`. "
+                "Each entry needs codeConfig.name, the import path of the function "
+                "(e.g. my_agent.metrics.my_fn); metricInfo and description are optional. "
+                "The metric must be named in both `criteria` and `customMetrics`.")
+    return (f"{where} is not a valid ADK test_config: {err.get('msg')} at `{at}`. "
+            "A criterion is a number (the threshold) or an object with `threshold`.")
 
 
 def _template_hash(evaluator_type: type) -> str | None:
@@ -149,17 +174,15 @@ def resolve_config(raw: dict[str, Any], *, where: str = "<config>") -> LoadedCon
     modules = raw.get("evalsnapPlugins", []) or []
     if not isinstance(modules, list) or not all(isinstance(m, str) for m in modules):
         raise ConfigError(f"{where}: `evalsnapPlugins` must be a list of module paths.")
-    plugins.load_module_plugins(modules)
+    try:
+        plugins.load_module_plugins(modules)
+    except MetricImportError as exc:
+        raise MetricImportError(f"{where}: {exc}") from exc.__cause__
     adk_raw, versions = _split_extensions(raw, where)
     try:
         eval_config = EvalConfig.model_validate(adk_raw)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err.get("loc", ()))
-        raise ConfigError(
-            f"{where} is not a valid ADK test_config: {err.get('msg')} at `{loc}`. "
-            "A criterion is a number (the threshold) or an object with `threshold`."
-        ) from exc
+        raise ConfigError(_validation_message(exc, where)) from exc
     if not eval_config.criteria:
         raise ConfigError(f"{where} names no metric under `criteria`; add at least one.")
     registry = register_custom_metrics_from_config(
@@ -178,14 +201,28 @@ def resolve_config(raw: dict[str, Any], *, where: str = "<config>") -> LoadedCon
                                       if k in eval_config.criteria}, where=where)
 
 
+def _takes_four_positional(fn: Any) -> bool:
+    try:
+        inspect.signature(fn).bind(None, None, None, None)
+    except TypeError:
+        return False
+    except ValueError:  # no signature (some builtins): let the call decide
+        return True
+    return True
+
+
 def _resolve_rule(name: str, criterion: Any, registry: MetricEvaluatorRegistry,
                   infos: dict[str, Any], custom_paths: dict[str, str],
                   versions: dict[str, str], where: str) -> MetricRule:
     if name not in infos:
         known = ", ".join(sorted(infos))
+        near = difflib.get_close_matches(name, list(custom_paths) + list(infos), n=1)
+        hint = f" Did you mean {near[0]!r}?" if near else ""
         raise ConfigError(
-            f"{where}: metric {name!r} is not known. Built-in metrics: {known}. For a custom "
-            f"metric, name it under both `criteria` and `customMetrics` with codeConfig.name."
+            f"{where}: metric {name!r} is not known (metric is not found).{hint} Known metrics: "
+            f"{known}. For a custom metric, name it under both `criteria` and `customMetrics` "
+            "with codeConfig.name; for an Evaluator subclass, register it from a module named "
+            "in `evalsnapPlugins` or an `evalsnap.plugins` entry point."
         )
     evaluator_type = registry._registry[name][0]  # noqa: SLF001
     custom_path = custom_paths.get(name)
@@ -194,14 +231,15 @@ def _resolve_rule(name: str, criterion: Any, registry: MetricEvaluatorRegistry,
             raise ConfigError(f"{where}: custom metric {name!r} has no codeConfig.name.")
         try:
             fn = _get_metric_function(custom_path)
-        except ImportError as exc:
+        except (ImportError, TypeError) as exc:  # TypeError: the path names a non-callable
             cause = exc.__cause__ or exc
             raise MetricImportError(
                 f"{where}: custom metric {name!r}: cannot import {custom_path!r} ({cause}). "
-                "The path must match the module file and function names, importable from the "
-                "agent's parent directory (e.g. my_agent.metrics.my_fn)."
+                "Function cannot import: the path must match the module file and function "
+                "names, importable from the agent's parent directory (e.g. "
+                "my_agent.metrics.my_fn)."
             ) from exc
-        if len(inspect.signature(fn).parameters) < 4:
+        if not _takes_four_positional(fn):
             raise ConfigError(
                 f"{where}: custom metric {name!r} ({custom_path}) must accept four positional "
                 "arguments (metric, actual, expected, scenario)."

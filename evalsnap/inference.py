@@ -63,19 +63,27 @@ class _CountingPlugin(BasePlugin):
         return None
 
 
-class _CapturingSessionService(InMemorySessionService):
+class CapturingSessionService(InMemorySessionService):
     """Records the state of the eval session when ADK first obtains it.
 
     For a pinned existing session that is its stored state, not ``SessionInput.state``.
+    Capture is armed by :meth:`begin` (``run_inference`` calls it), so sessions a caller
+    prepares beforehand (``create_session`` with stored state) are not mistaken for the
+    eval session.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.initial_state: dict[str, Any] | None = None
         self.key: tuple[str, str, str] | None = None
+        self._armed = False
+
+    def begin(self) -> None:
+        """Forgets any earlier capture; the next session ADK creates or gets is captured."""
+        self.initial_state, self.key, self._armed = None, None, True
 
     def _capture(self, session: Any) -> Any:
-        if session is not None and self.key is None:
+        if session is not None and self._armed and self.key is None:
             self.key = (session.app_name, session.user_id, session.id)
             self.initial_state = clean_state(session.state)
         return session
@@ -97,11 +105,12 @@ async def run_inference(
     run_id: str = "",
     attempt: int = 1,
     user_simulator_config: Any = None,
-    session_service: _CapturingSessionService | None = None,
+    session_service: CapturingSessionService | None = None,
 ) -> InferenceRecord:
     """Runs the agent over one case; an exception becomes a ``failure`` record."""
     counter = _CountingPlugin()
-    sessions = session_service or _CapturingSessionService()
+    sessions = session_service or CapturingSessionService()
+    sessions.begin()
     base_app = agent.app or App(name=agent.name, root_agent=agent.root_agent)
     app = base_app.model_copy(update={"plugins": [*base_app.plugins, counter]})
     fields: dict[str, Any] = dict(

@@ -12,7 +12,7 @@ from google.adk.evaluation.eval_set import EvalSet
 from evalsnap import repo
 from evalsnap.agent import LoadedAgent, ensure_importable, load_agent
 from evalsnap.config import LoadedConfig, load_config, resolve_config
-from evalsnap.errors import ConfigError, NotFoundError, UsageError
+from evalsnap.errors import ConfigError, InputFileError, NotFoundError, UsageError
 from evalsnap.evalset import load_eval_set
 from evalsnap.inference import inference_fingerprint
 from evalsnap.outcomes import InferenceOutcome
@@ -73,6 +73,9 @@ def plan_run(agent_dir: str, evalset: str, config: str | None, store_url: str,
              repetitions: int = 1) -> Plan:
     if repetitions < 1:
         raise UsageError("--repetitions must be at least 1.")
+    if not Path(agent_dir).is_dir():
+        raise InputFileError(
+            f"agent dir {agent_dir} does not exist; pass the directory of an ADK agent package.")
     agent_path = ensure_importable(agent_dir)
     eval_set = load_eval_set(evalset)
     config_path = config or default_config_path(evalset)
@@ -124,9 +127,11 @@ def plan_rescore(run_or_snapshot: str, store_url: str, evalset: str | None,
     store = repo.open_store(store_url)
     store.check()
     snapshot_oid, snapshot = resolve_snapshot(store, run_or_snapshot)
-    if not sys_paths and config is not None:
-        # custom metrics live in the agent package, beside its test_config.json (as adk eval)
-        sys_paths = [str(Path(config).resolve().parent.parent)]
+    if config is not None:
+        # custom metrics live in the agent package, beside its test_config.json (as adk eval);
+        # the edited eval set may live anywhere, so its parent alone is not enough
+        root = str(Path(config).resolve().parent.parent)
+        sys_paths = [*(sys_paths or []), *([] if root in (sys_paths or []) else [root])]
     for p in sys_paths or []:
         ensure_importable(Path(p) / "_")
     if evalset is not None:
