@@ -49,9 +49,28 @@ class LoadedConfig:
     registry: MetricEvaluatorRegistry
     custom_paths: dict[str, str] = field(default_factory=dict)
     where: str = "<config>"
+    live_criteria: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Criteria as configured, transport settings (``httpOptions``) included; never stored."""
 
     def eval_metric(self, rule: MetricRule) -> EvalMetric:
+        """The EvalMetric to score with: the live criterion, so a judge keeps its transport."""
+        live = self.live_criteria.get(rule.metric_name)
+        if live is not None:
+            rule = rule.model_copy(update={"criterion": live})
         return eval_metric_for(rule, self.custom_paths.get(rule.metric_name))
+
+
+#: Transport settings can carry credentials (headers, API keys); they are not part of what
+#: a judge is asked, so they are never stored or fingerprinted.
+_TRANSPORT_KEYS = frozenset({"httpOptions", "http_options"})
+
+
+def without_transport(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: without_transport(v) for k, v in value.items() if k not in _TRANSPORT_KEYS}
+    if isinstance(value, list):
+        return [without_transport(v) for v in value]
+    return value
 
 
 def eval_metric_for(rule: MetricRule, custom_path: str | None) -> EvalMetric:
@@ -192,11 +211,13 @@ def resolve_config(raw: dict[str, Any], *, where: str = "<config>") -> LoadedCon
         name: cfg.code_config.name for name, cfg in (eval_config.custom_metrics or {}).items()
     }
     infos = {info.metric_name: info for info in registry.get_registered_metrics()}
-    rules = [
+    resolved = [
         _resolve_rule(name, criterion, registry, infos, custom_paths, versions, where)
         for name, criterion in eval_config.criteria.items()
     ]
+    rules = [rule for rule, _ in resolved]
     return LoadedConfig(raw=raw, eval_config=eval_config, rules=rules, registry=registry,
+                        live_criteria={rule.metric_name: full for rule, full in resolved},
                         custom_paths={k: v for k, v in custom_paths.items()
                                       if k in eval_config.criteria}, where=where)
 
@@ -213,7 +234,7 @@ def _takes_four_positional(fn: Any) -> bool:
 
 def _resolve_rule(name: str, criterion: Any, registry: MetricEvaluatorRegistry,
                   infos: dict[str, Any], custom_paths: dict[str, str],
-                  versions: dict[str, str], where: str) -> MetricRule:
+                  versions: dict[str, str], where: str) -> tuple[MetricRule, dict[str, Any]]:
     if name not in infos:
         known = ", ".join(sorted(infos))
         near = difflib.get_close_matches(name, list(custom_paths) + list(infos), n=1)
@@ -267,9 +288,10 @@ def _resolve_rule(name: str, criterion: Any, registry: MetricEvaluatorRegistry,
         raise ConfigError(f"{where}: metric {name!r} cannot be set up: {exc}.") from exc
     judge = hasattr(evaluator, "_judge_model")
     identity = _identity(name, evaluator_type, custom_path, versions.get(name), judge)
-    rule_body = {"metric_name": name, "criterion": resolved_data, "evaluator": identity}
+    stored = without_transport(resolved_data)
+    rule_body = {"metric_name": name, "criterion": stored, "evaluator": identity}
     return MetricRule(
-        metric_name=name, threshold=float(resolved.threshold), criterion=resolved_data,
+        metric_name=name, threshold=float(resolved.threshold), criterion=stored,
         evaluator=identity, metric_info=infos[name].model_dump(mode="json", by_alias=True),
         judge=judge, rule_fingerprint=fingerprint("rule", rule_body),
-    )
+    ), resolved_data

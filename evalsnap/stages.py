@@ -16,7 +16,7 @@ from google.adk.version import __version__ as ADK_VERSION
 
 from evalsnap import _ledger, repo
 from evalsnap.agent import LoadedAgent, load_agent
-from evalsnap.config import LoadedConfig, eval_metric_for, resolve_config
+from evalsnap.config import LoadedConfig, resolve_config
 from evalsnap.errors import ConfigError
 from evalsnap.fingerprint import fingerprint
 from evalsnap.inference import inference_fingerprint, now_iso, run_inference
@@ -172,7 +172,7 @@ async def score_metric(store_url: str, snapshot_oid: str, metric_name: str,
         raise ConfigError(
             f"metric {metric_name!r} in snapshot {snapshot_oid} differs from the live config "
             f"{config_where}; evaluators come only from the live config, so freeze again.")
-    eval_metric = eval_metric_for(rule, live.custom_paths.get(metric_name))
+    eval_metric = live.eval_metric(rule)
     limiter = asyncio.Semaphore(concurrency)
 
     async def one(frozen: FrozenCase) -> UnitOutcome:
