@@ -76,7 +76,7 @@ def ls(
         s = repo.open_store(store)
         s.check()
         manifests = repo.list_manifests(s)
-    runs = [{"run_id": m.run_id, "kind": m.kind, "created_at": m.created_at,
+    runs: list[dict[str, Any]] = [{"run_id": m.run_id, "kind": m.kind, "created_at": m.created_at,
              "eval_set_id": m.eval_set_id, "app_name": m.app_name,
              "record_id": m.record_oid, "snapshot_id": m.snapshot_oid,
              "passed": m.passed, "complete": m.complete} for m in manifests]
@@ -100,11 +100,15 @@ def ls(
     from evalsnap.fingerprint import short
 
     table = Table(title=f"{s.url} — {len(runs)} run(s), newest first")
-    for column in ("created", "run", "kind", "eval set", "record", "snapshot", "result"):
+    table.add_column("created")
+    table.add_column("run", no_wrap=True, min_width=max((len(r["run_id"]) for r in runs),
+                                                        default=3))
+    for column in ("kind", "eval set", "record", "snapshot", "result"):
         table.add_column(column)
     for r in runs:
         verdict = ("[green]passed[/]" if r["passed"] else
                    "[red]failed[/]" if r["complete"] else "[yellow]incomplete[/]")
-        table.add_row(r["created_at"][:19], r["run_id"], r["kind"], r["eval_set_id"],
-                      short(r["record_id"]), short(r["snapshot_id"] or "-"), verdict)
+        table.add_row(r["created_at"][:16].replace("T", " "), r["run_id"], r["kind"],
+                      r["eval_set_id"], short(r["record_id"], 8),
+                      short(r["snapshot_id"] or "-", 8), verdict)
     out.print(table)
