@@ -18,7 +18,7 @@ apply_defaults()
 from rich.console import Console  # noqa: E402
 
 from evalsnap import errors, repo  # noqa: E402
-from evalsnap.report import EXIT_USAGE, exit_code, score_table, summary  # noqa: E402
+from evalsnap.report import EXIT_INCOMPLETE, EXIT_USAGE, score_table, summary  # noqa: E402
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Auditable, reusable evaluations of Google ADK agents.")
@@ -58,6 +58,16 @@ def _handled():
     except (errors.EvalsnapError, StorageError) as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(getattr(exc, "exit_code", EXIT_USAGE)) from None
+    except (typer.Exit, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a crash is never a quality verdict
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
+        err.print(f"[red]internal error:[/] {type(exc).__name__}: {exc}; the run is incomplete "
+                  "(nothing partial was published). Please report it with the traceback above.",
+                  highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_INCOMPLETE) from None
 
 
 def _emit(result: dict[str, Any], as_json: bool) -> None:

@@ -166,8 +166,6 @@ class ProcessLimiter:
 
 _limiter: ProcessLimiter | None = None
 _limiter_lock = threading.Lock()
-_prefect_limit: bool | None = None
-PREFECT_LIMIT = "evalsnap-judge"
 
 
 def judge_limiter() -> ProcessLimiter:
@@ -179,39 +177,17 @@ def judge_limiter() -> ProcessLimiter:
         return _limiter
 
 
-async def _prefect_limit_exists() -> bool:
-    """Whether a Prefect global concurrency limit ``evalsnap-judge`` exists (checked once,
-    and only inside a Prefect run: replay and direct calls never touch the API)."""
-    global _prefect_limit
-    if _prefect_limit is not None:
-        return _prefect_limit
-    try:
-        from prefect.context import FlowRunContext, TaskRunContext
-
-        if FlowRunContext.get() is None and TaskRunContext.get() is None:
-            return False
-        from prefect.client.orchestration import get_client
-
-        async with get_client() as client:
-            await client.read_global_concurrency_limit_by_name(PREFECT_LIMIT)
-        _prefect_limit = True
-    except Exception:  # noqa: BLE001 - absent limit or no API: the process limiter suffices
-        _prefect_limit = False
-    return _prefect_limit
-
-
 @asynccontextmanager
 async def judge_slot(limiter: ProcessLimiter | asyncio.Semaphore | None
                      ) -> AsyncGenerator[None, None]:
     if limiter is None:
         limiter = judge_limiter()
     async with limiter.slot() if isinstance(limiter, ProcessLimiter) else limiter:
-        if await _prefect_limit_exists():
-            from prefect.concurrency.asyncio import concurrency
+        # Across processes and machines: the Prefect global concurrency limit named by
+        # EVALSNAP_JUDGE_CONCURRENCY_LIMIT (default `evalsnap-judge-model`), if it exists.
+        from evalsnap.runners import model_slot
 
-            async with concurrency(PREFECT_LIMIT, occupy=1, strict=False):
-                yield
-        else:
+        async with model_slot("judge"):
             yield
 
 

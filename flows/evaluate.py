@@ -17,7 +17,7 @@ from evalsnap.planning import Plan, fingerprint_for, plan_run
 from evalsnap.report import flow_result
 from flows._common import freeze_score_publish
 from tasks import infer_task
-from tasks._prefect import result_storage_for, wait_tracked
+from tasks._prefect import result_storage_for, wait_tracked, with_parameter_docs
 
 DEFAULT_STORE = ".evalsnap"
 
@@ -38,6 +38,7 @@ def _failure_message(state: State) -> tuple[str, int]:
 
 @flow(name="evalsnap-evaluate", flow_run_name=_run_name, log_prints=False,
       validate_parameters=True, task_runner=runners.thread_runner())
+@with_parameter_docs
 def evaluate(
     agent_dir: Annotated[str, Field(description="ADK agent package directory (exposes root_agent)")],
     evalset: Annotated[str, Field(description="Path of the .evalset.json file")],

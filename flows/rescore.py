@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 from typing import Annotated, Any
 
 from prefect import flow, tags
@@ -15,6 +16,7 @@ from evalsnap.planning import plan_rescore
 from evalsnap.report import flow_result
 from flows._common import freeze_score_publish
 from flows.evaluate import DEFAULT_STORE
+from tasks._prefect import with_parameter_docs
 
 
 def _run_name() -> str:
@@ -24,6 +26,7 @@ def _run_name() -> str:
 
 @flow(name="evalsnap-rescore", flow_run_name=_run_name, validate_parameters=True,
       task_runner=runners.thread_runner())
+@with_parameter_docs
 def rescore(
     run_or_snapshot: Annotated[str, Field(description="Run id, record id, snapshot id, or 'latest'")],
     evalset: Annotated[str | None, Field(description="Edited .evalset.json (default: the frozen references)")] = None,
@@ -37,11 +40,16 @@ def rescore(
     concurrency: Annotated[int, Field(ge=1, description="Units scored at once per metric")] = 8,
     task_runner: Annotated[runners.TaskRunnerName | None, Field(
         description="Where scoring tasks run: threads, or dask (a local cluster, or the "
-                    "scheduler at dask_address). Default: $EVALSNAP_TASK_RUNNER, else threads")] = None,
+                    "scheduler at dask_address). Default: $EVALSNAP_TASK_RUNNER, else "
+                    "threads")] = None,
     dask_address: Annotated[str | None, Field(
         description="Existing Dask scheduler, e.g. tcp://10.0.0.5:8786 (implies dask)")] = None,
 ) -> dict[str, Any]:
     """Never calls the agent: freezes the earlier inference with the given references and rules."""
+    if code_paths is None and (evalset or config):
+        # As the CLI does: custom metrics live in the agent package beside the eval set or
+        # config, so its parent is the import root (a UI user sets no code paths).
+        code_paths = [str(Path(evalset or config or ".").resolve().parent.parent)]
     plan = plan_rescore(run_or_snapshot, store, evalset, config, metrics, cases, code_paths)
     run_id = stages.new_run_id()
     progress = RunProgress(len(plan.metric_names) + 1,

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
+import json
 import os
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +28,9 @@ def result_storage_for(store_url: str) -> Any:
 
     A local path is passed as a ``Path`` (no block needed); a remote URL becomes a
     saved ``RemoteFileSystem`` block — saved again automatically on a fresh machine.
-    Credentials are not put in the block: s3fs/gcsfs read their standard chains.
+    Credentials are never put in the block: s3fs/gcsfs read their standard chains. Only
+    where to connect goes in (endpoint, anonymous emulator access), and the block name
+    covers it, so a changed endpoint gets its own block.
     """
     store = repo.open_store(store_url)
     base = store.prefect_storage_basepath()
@@ -35,13 +40,44 @@ def result_storage_for(store_url: str) -> Any:
         return path
     from prefect.filesystems import RemoteFileSystem
 
-    name = "evalsnap-" + hashlib.sha256(base.encode()).hexdigest()[:16]
+    settings = _remote_settings(base.split("://", 1)[0], repo.storage_options_of(store_url))
+    key = json.dumps({"base": base, "settings": settings}, sort_keys=True)
+    name = "evalsnap-" + hashlib.sha256(key.encode()).hexdigest()[:16]
     try:
         return RemoteFileSystem.load(name)
     except ValueError:
-        block = RemoteFileSystem(basepath=base)
+        block = RemoteFileSystem(basepath=base, settings=settings)
         block.save(name, overwrite=True)
         return block
+
+
+# Storage options that say where to connect, never who connects: safe to keep in a block.
+_ENDPOINT_OPTIONS = ("endpoint_url", "region_name", "project", "anon")
+
+
+def _remote_settings(protocol: str, options: dict[str, str]) -> dict[str, Any]:
+    """fsspec settings for the result-storage block, from env and non-secret options."""
+    settings: dict[str, Any] = {}
+    chosen = {k: v for k, v in options.items() if k in _ENDPOINT_OPTIONS}
+    if options.get("token") == "anon":
+        chosen["token"] = "anon"
+    if protocol == "s3":
+        endpoint = (chosen.pop("endpoint_url", None) or os.environ.get("AWS_ENDPOINT_URL_S3")
+                    or os.environ.get("AWS_ENDPOINT_URL"))
+        if endpoint:
+            settings["client_kwargs"] = {"endpoint_url": endpoint}
+        # fail fast on a dead endpoint, as the store itself does
+        settings["config_kwargs"] = {"connect_timeout": 5, "read_timeout": 30,
+                                     "retries": {"max_attempts": 3, "mode": "standard"}}
+    elif protocol in ("gs", "gcs"):
+        emulator = chosen.pop("endpoint_url", None) or os.environ.get("STORAGE_EMULATOR_HOST")
+        if emulator and emulator != "default":
+            if not emulator.startswith(("http://", "https://")):
+                emulator = f"http://{emulator}"
+            settings["endpoint_url"] = emulator
+            settings["token"] = "anon"  # emulators need no auth
+    settings.update(chosen)
+    return settings
 
 
 def infer_cache_key(context: Any, parameters: dict[str, Any]) -> str:
@@ -61,5 +97,27 @@ def wait_tracked(futures: list[Any], progress: Any = None) -> None:
     from prefect.futures import as_completed
 
     for _future in as_completed(futures):
+        # wait() pins the engine's final state on the future; without it `future.state`
+        # is read back from the API, which can still say RUNNING for a finished task.
+        _future.wait()
         if progress is not None:
             progress.advance()
+
+
+def with_parameter_docs(fn: Any) -> Any:
+    """Writes each ``Annotated[..., Field(description=...)]`` into an ``Args:`` docstring.
+
+    Prefect builds a flow's parameter schema (what the UI renders) from the signature and
+    the Google-style docstring only; the description of an annotated pydantic ``Field`` is
+    dropped. Put this decorator under ``@flow`` so the descriptions are written once.
+    """
+    hints = typing.get_type_hints(fn, include_extras=True)
+    lines = []
+    for name in inspect.signature(fn).parameters:
+        for meta in getattr(hints.get(name), "__metadata__", ()):
+            description = getattr(meta, "description", None)
+            if description:
+                lines.append(f"    {name}: {' '.join(description.split())}")
+    if lines:
+        fn.__doc__ = (inspect.getdoc(fn) or "").rstrip() + "\n\nArgs:\n" + "\n".join(lines)
+    return fn

@@ -1,0 +1,147 @@
+"""Prefect artifacts of a run: a score table, a markdown summary, and live progress.
+
+The renderers (:func:`score_rows`, :func:`summary_markdown`, :func:`artifact_key`) are
+pure functions of the ``--json`` summary (``evalsnap.report.summary``) and are tested
+without Prefect. :func:`publish_artifacts` and :class:`RunProgress` call Prefect's
+artifact API; they never fail a run: an artifact that cannot be written is a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+def artifact_key(eval_set_id: str, what: str) -> str:
+    """``evalsnap-<eval set>-<what>``: Prefect keys allow lowercase, digits and dashes.
+
+    One key per eval set makes the UI show each run's artifact as a new version.
+    """
+    slug = re.sub(r"[^a-z0-9]+", "-", eval_set_id.lower()).strip("-") or "eval"
+    return f"evalsnap-{slug}-{what}"
+
+
+def score_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per case × repetition × metric (a failed inference is one row of its own)."""
+    rows: list[dict[str, Any]] = []
+    for case in result["cases"]:
+        base = {"case": case["eval_id"], "repetition": case.get("repetition", 0),
+                "inference": case.get("inference", "success")}
+        if not case["metrics"]:
+            rows.append({**base, "metric": "", "status": "", "score": None, "threshold": None,
+                         "reused": False, "why": ""})
+        for name, m in case["metrics"].items():
+            rows.append({**base, "metric": name, "status": m["status"], "score": m["score"],
+                         "threshold": m["threshold"], "reused": m["reused"],
+                         "why": m["reason"] or m["why"] or ""})
+    return rows
+
+
+def case_verdicts(result: dict[str, Any]) -> dict[str, int]:
+    """Cases (× repetition) that passed, failed on quality, or are incomplete."""
+    counts = {"passed": 0, "failed": 0, "incomplete": 0}
+    for case in result["cases"]:
+        metrics = list(case["metrics"].values())
+        if case.get("inference") == "failure" or any(not m["complete"] for m in metrics):
+            counts["incomplete"] += 1
+        elif all(m["status"] in ("PASSED", "INFORMATIONAL") for m in metrics):
+            counts["passed"] += 1
+        else:
+            counts["failed"] += 1
+    return counts
+
+
+def summary_markdown(result: dict[str, Any], store_url: str | None = None) -> str:
+    """The run at a glance: verdict, case counts, reuse, model calls, ids to look up."""
+    verdict = ("PASSED" if result["passed"] else "NOT PASSED") + \
+        ("" if result["complete"] else " (INCOMPLETE)")
+    counts = case_verdicts(result)
+    store = f" --store {store_url}" if store_url else ""
+    lines = [
+        f"# {result['eval_set_id']} — {result['kind']} `{result['run_id']}`: **{verdict}**",
+        "",
+        "| cases passed | cases failed | cases incomplete |",
+        "| ---: | ---: | ---: |",
+        f"| {counts['passed']} | {counts['failed']} | {counts['incomplete']} |",
+        "",
+        "| | |",
+        "| --- | ---: |",
+        f"| units scored now | {result['scored_units']} |",
+        f"| units reused | {result['reused_units']} |",
+        f"| agent model calls | {result['agent_calls']} |",
+        f"| judge model calls | {result['judge_calls']} |",
+        f"| judge samples answered from the ledger | {result['reused_judge_samples']} |",
+        "",
+        f"* record: `{result['record_id']}`",
+        f"* snapshot: `{result['snapshot_id']}`",
+    ]
+    if result.get("parent_record"):
+        lines.append(f"* previous record: `{result['parent_record']}`")
+    if result.get("skipped_cases"):
+        lines.append(f"* cases no longer in the eval set: {', '.join(result['skipped_cases'])}")
+    if result.get("uninferred_cases"):
+        lines.append(f"* cases without inference: {', '.join(result['uninferred_cases'])}")
+    lines += ["", f"Look it up: `evalsnap show {result['run_id']}{store} --json`"]
+    failed = [r for r in score_rows(result) if r["inference"] == "failure"]
+    if failed:
+        lines += ["", "Failed inference: " + ", ".join(sorted({r["case"] for r in failed}))]
+    return "\n".join(lines) + "\n"
+
+
+def publish_artifacts(result: dict[str, Any], store_url: str | None = None) -> dict[str, Any]:
+    """Creates the table and markdown artifacts; returns their ids (empty on failure)."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    ids: dict[str, Any] = {}
+    try:
+        ids["table"] = create_table_artifact(
+            score_rows(result), key=artifact_key(result["eval_set_id"], "scores"),
+            description=f"Scores per case and metric, {result['kind']} {result['run_id']}")
+        ids["summary"] = create_markdown_artifact(
+            summary_markdown(result, store_url),
+            key=artifact_key(result["eval_set_id"], "summary"),
+            description=f"Summary of {result['kind']} {result['run_id']}")
+    except Exception as exc:  # noqa: BLE001 - the record is published; artifacts are a view
+        logger.warning("could not create Prefect artifacts: %s", exc)
+    return ids
+
+
+class RunProgress:
+    """A progress artifact of a flow run: created once, updated as futures complete."""
+
+    def __init__(self, total: int, description: str) -> None:
+        self.total = max(total, 1)
+        self.done = 0
+        self.artifact_id: Any = None
+        try:
+            from prefect.artifacts import create_progress_artifact
+
+            self.artifact_id = create_progress_artifact(0.0, description=description)
+        except Exception as exc:  # noqa: BLE001 - progress is cosmetic
+            logger.warning("could not create the progress artifact: %s", exc)
+
+    @property
+    def percent(self) -> float:
+        return round(100.0 * min(self.done, self.total) / self.total, 1)
+
+    def grow(self, extra: int) -> None:
+        """More work became known (e.g. metrics after freeze)."""
+        self.total += extra
+        self._push()
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        self._push()
+
+    def _push(self) -> None:
+        if self.artifact_id is None:
+            return
+        try:
+            from prefect.artifacts import update_progress_artifact
+
+            update_progress_artifact(self.artifact_id, self.percent)
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("could not update the progress artifact: %s", exc)
