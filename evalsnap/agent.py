@@ -104,6 +104,7 @@ def load_agent(agent_dir: str | Path) -> LoadedAgent:
         raise AgentLoadError(f"importing agent package {path} failed: {exc!r}") from exc
     holder = getattr(module, "agent", module)
     app = getattr(holder, "app", None)
+    root: Any
     if isinstance(app, App) and app.root_agent is not None:
         root = app.root_agent
     else:

@@ -275,9 +275,9 @@ def _resolve_rule(name: str, criterion: Any, registry: MetricEvaluatorRegistry,
         ) from exc
     resolved_data = resolved.model_dump(mode="json", by_alias=True)
     fields = evaluator_type.criterion_type.model_fields
-    known = set(fields) | {f.alias for f in fields.values() if f.alias}
+    field_names: set[str] = set(fields) | {f.alias for f in fields.values() if f.alias}
     for key, value in (base.model_extra or {}).items():
-        if key not in known:  # keep extra keys a custom criterion reads, spelled as given
+        if key not in field_names:  # keep extra keys a custom criterion reads, spelled as given
             resolved_data.setdefault(key, value)
     probe = EvalMetric(metric_name=name, threshold=resolved.threshold,
                        criterion=BaseCriterion.model_validate(resolved_data))

@@ -9,7 +9,7 @@ from typing import Any
 
 from google.adk.evaluation.eval_case import EvalCase, Invocation
 from google.adk.evaluation.eval_metrics import EvalMetric
-from google.adk.evaluation.evaluator import EvaluationResult, EvalStatus
+from google.adk.evaluation.evaluator import EvalStatus, EvaluationResult
 from google.adk.evaluation.local_eval_service import (
     _copy_eval_case_rubrics_to_actual_invocations,
     _copy_invocation_rubrics_to_actual_invocations,

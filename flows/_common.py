@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, cast
 
 from prefect import get_run_logger
 
@@ -51,12 +51,12 @@ def freeze_score_publish(plan: Plan, *, run_id: str, kind: str,
     wait_tracked(list(futures.values()), progress)
     units: list[dict[str, Any]] = []
     for name, future in futures.items():
-        result = future.result()
+        result = cast(list[dict[str, Any]], future.result())
         stale = [u for u in result if u["run_id"] != run_id and not u["complete"]]
         if stale:  # a cached result may hold incomplete units, which are never reused
-            result = score.with_options(refresh_cache=True).submit(
+            result = cast(list[dict[str, Any]], score.with_options(refresh_cache=True).submit(
                 plan.store_url, snapshot_oid, name, "", plan.config_json, plan.config.where,
-                plan.sys_paths, run_id, reuse, force, None, concurrency).result()
+                plan.sys_paths, run_id, reuse, force, None, concurrency).result())
         units.extend(result)
     return publish_task(plan.store_url, run_id, kind, snapshot_oid,
                         [o.model_dump(mode="json") for o in outcomes], units, reuse, force,

@@ -28,6 +28,11 @@ def _run_name() -> str:
     return f"{evalset}-{dt.datetime.now(dt.UTC):%Y-%m-%d-%H%M}"
 
 
+def _agent(plan: Any) -> Any:
+    assert plan.agent is not None  # plan_run always loads the agent
+    return plan.agent
+
+
 def _failure_message(state: State) -> tuple[str, int]:
     try:
         state.result(raise_on_failure=True)
@@ -78,7 +83,7 @@ def _evaluate(plan: Plan, run_id: str, *, reuse: bool, force: bool,
     for case_id in plan.case_ids:
         case_data = cases_by_id[case_id].model_dump(mode="json")
         for rep in range(plan.repetitions):
-            future = infer.submit(plan.store_url, str(plan.agent.path), case_data,
+            future = infer.submit(plan.store_url, str(_agent(plan).path), case_data,
                                   plan.eval_set.eval_set_id, case_id, rep,
                                   fingerprint_for(plan, case_id, rep), run_id, reuse)
             submitted.append((case_id, rep, case_data, future))
@@ -95,7 +100,7 @@ def _evaluate(plan: Plan, run_id: str, *, reuse: bool, force: bool,
         message, _ = _failure_message(state)
         logger.warning("inference of %s #%d failed: %s", case_id, rep, message)
         outcomes.append(stages.failed_inference(
-            plan.store_url, str(plan.agent.path), case_data, plan.eval_set.eval_set_id, rep,
+            plan.store_url, str(_agent(plan).path), case_data, plan.eval_set.eval_set_id, rep,
             run_id, message, attempts=(infer.retries or 0) + 1))
     record_oid = freeze_score_publish(plan, run_id=run_id, kind="run", outcomes=outcomes,
                                       reuse=reuse, force=force, concurrency=concurrency,

@@ -30,13 +30,15 @@ def _run_name() -> str:
 def rescore(
     run_or_snapshot: Annotated[str, Field(description="Run id, record id, snapshot id, or 'latest'")],
     evalset: Annotated[str | None, Field(description="Edited .evalset.json (default: the frozen references)")] = None,
-    config: Annotated[str | None, Field(description="test_config.json (default: beside the eval set, else the frozen rules)")] = None,
+    config: Annotated[str | None, Field(
+        description="test_config.json (default: beside the eval set, else the frozen rules)")] = None,
     store: Annotated[str, Field(description="Store URL: a local path, s3://…, gs://…")] = DEFAULT_STORE,
     reuse: Annotated[bool, Field(description="Reuse complete, compatible earlier units")] = True,
     force: Annotated[bool, Field(description="Score every unit again")] = False,
     metrics: Annotated[list[str] | None, Field(description="Only these metrics (default: all)")] = None,
     cases: Annotated[list[str] | None, Field(description="Only these eval_ids (default: all)")] = None,
-    code_paths: Annotated[list[str] | None, Field(description="Directories to import custom metrics from (e.g. the agent's parent)")] = None,
+    code_paths: Annotated[list[str] | None, Field(
+        description="Directories to import custom metrics from (e.g. the agent's parent)")] = None,
     concurrency: Annotated[int, Field(ge=1, description="Units scored at once per metric")] = 8,
     task_runner: Annotated[runners.TaskRunnerName | None, Field(
         description="Where scoring tasks run: threads, or dask (a local cluster, or the "

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import evalsnap.context  # noqa: F401  (EvaluationContext shim)
 from google.adk.evaluation.eval_metrics import (
     BaseCriterion,
     EvalMetric,
@@ -24,6 +23,8 @@ from google.adk.evaluation.evaluator import (
     PerInvocationResult,
 )
 from google.adk.evaluation.metric_evaluator_registry import DEFAULT_METRIC_EVALUATOR_REGISTRY
+
+import evalsnap.context  # noqa: F401  (EvaluationContext shim)
 
 METRIC_NAME = "final_state_match"
 
