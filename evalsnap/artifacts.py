@@ -136,9 +136,19 @@ class RunProgress:
         self.done += n
         self._push()
 
+    #: One API call per completed task would cost more than the task at scale.
+    MIN_INTERVAL_S = 1.0
+
     def _push(self) -> None:
         if self.artifact_id is None:
             return
+        import time
+
+        now = time.monotonic()
+        final = self.done >= self.total
+        if not final and now - getattr(self, "_last_push", 0.0) < self.MIN_INTERVAL_S:
+            return
+        self._last_push = now
         try:
             from prefect.artifacts import update_progress_artifact
 

@@ -99,13 +99,17 @@ def _progress(enabled: bool, totals: dict[str, int]):
 
 
 def _run_flow(flow_fn: Any, **params: Any) -> dict[str, Any]:
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from prefect import settings
+
+    from evalsnap._prefect_env import wait_for_ephemeral_api
 
     logging.getLogger("google_adk").setLevel(logging.ERROR)
-    try:
-        with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-            return flow_fn(**params)
-    except ValueError:
+    wait_for_ephemeral_api()
+    heartbeat = getattr(settings, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY", None)
+    if heartbeat is None:
+        return flow_fn(**params)
+    # A sync flow run otherwise spends ~1 s joining its heartbeat thread.
+    with settings.temporary_settings({heartbeat: None}):
         return flow_fn(**params)
 
 
@@ -127,6 +131,9 @@ def run(
 ) -> None:
     """Run the agent on every case, freeze, score, publish."""
     with _handled():
+        from evalsnap._prefect_env import prestart_ephemeral_api
+
+        prestart_ephemeral_api()  # overlaps Prefect's API start-up with ADK's imports
         from evalsnap.runners import resolve_runner
 
         task_runner, dask_address = resolve_runner(task_runner, dask_address)
