@@ -1,14 +1,23 @@
-"""ADK interop: each record also becomes an ``EvalSetResult`` file ``adk web`` can show."""
+"""ADK interop, both ways.
+
+Export: each record also becomes an ``EvalSetResult`` file ``adk web`` can show.
+Import: existing ADK ``*.evalset_result.json`` files become records of kind ``import``
+(no snapshot; inference records whose session states are ``None``).
+"""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from google.adk.evaluation._eval_set_results_manager_utils import create_eval_set_result
+from google.adk.evaluation._eval_set_results_manager_utils import (
+    create_eval_set_result,
+    parse_eval_set_result_json,
+)
 from google.adk.evaluation.eval_metrics import (
     EvalMetricResult,
     EvalMetricResultPerInvocation,
@@ -18,7 +27,20 @@ from google.adk.evaluation.eval_result import EvalCaseResult, EvalSetResult
 from google.adk.evaluation.eval_set import EvalCase
 
 from evalsnap import repo
-from evalsnap.records import EvaluationRecord, ScoreUnit
+from evalsnap.errors import InputFileError
+from evalsnap.fingerprint import fingerprint
+from evalsnap.records import (
+    EvaluationRecord,
+    InferenceRecord,
+    InferenceRef,
+    ManifestEntry,
+    RunManifest,
+    RunSummary,
+    ScoreUnit,
+    UnitRef,
+    UnitRow,
+)
+from evalsnap.scoring import unit_fingerprint
 
 HISTORY_SUFFIX = ".evalset_result.json"
 
@@ -45,8 +67,9 @@ def to_eval_set_result(store: Any, record: EvaluationRecord) -> EvalSetResult:
         for ref in units:
             unit = repo.get(store, ScoreUnit, ref.unit_oid)
             rule = snapshot.rule(ref.metric_name) if snapshot else None
-            common = dict(metric_name=unit.metric_name, threshold=unit.threshold,
-                          criterion=rule.criterion if rule else None)
+            common: dict[str, Any] = dict(metric_name=unit.metric_name,
+                                          threshold=unit.threshold,
+                                          criterion=rule.criterion if rule else None)
             overall.append(EvalMetricResult(score=unit.score,
                                             eval_status=EvalStatus[unit.status], **common))
             statuses.append(unit.status)
@@ -94,3 +117,145 @@ def history_writer(store_url: str, agent_dir: str | None) -> Callable[[Evaluatio
         return f"{store.url}/v1/refs/{ns}/{safe}"
 
     return write
+
+
+# ---- import ----------------------------------------------------------------------------------
+
+def history_files(directory: str | Path) -> list[Path]:
+    """ADK result files under ``directory`` (an eval_history dir, or an agent dir holding
+    ``.adk/eval_history``), sorted by name."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise InputFileError(f"{root} is not a directory; give an agent's .adk/eval_history "
+                             "directory (or the agent directory itself).")
+    nested = root / ".adk" / "eval_history"
+    if nested.is_dir() and not any(root.glob("*" + HISTORY_SUFFIX)):
+        root = nested
+    return sorted(p for p in root.glob("*" + HISTORY_SUFFIX) if not p.name.startswith("."))
+
+
+def _app_name_of(result: EvalSetResult, path: Path) -> str:
+    """ADK names results ``<app>_<eval set>_<timestamp>``; else the agent dir's name."""
+    marker = f"_{result.eval_set_id}_"
+    if marker in result.eval_set_result_id:
+        return result.eval_set_result_id.split(marker, 1)[0]
+    parts = path.resolve().parts
+    if len(parts) >= 4 and parts[-3:-1] == (".adk", "eval_history"):
+        return parts[-4]
+    return "imported"
+
+
+def _status_name(value: Any) -> str:
+    return value.name if isinstance(value, EvalStatus) else str(value or "NOT_EVALUATED")
+
+
+def _import_case(store: Any, case: EvalCaseResult, repetition: int, result: EvalSetResult,
+                 app_name: str, run_id: str, created: str, source: str,
+                 ) -> tuple[InferenceRef, list[UnitRef]]:
+    invocations = [p.actual_invocation for p in case.eval_metric_result_per_invocation]
+    identity = {"source": "adk-eval-history", "eval_set_result_id": result.eval_set_result_id,
+                "eval_id": case.eval_id, "repetition": repetition}
+    inference = InferenceRecord(
+        inference_fingerprint=fingerprint("imported-inference", identity),
+        eval_set_id=case.eval_set_id or result.eval_set_id, eval_id=case.eval_id,
+        repetition=repetition, app_name=app_name, agent_name=app_name, adk_version="unknown",
+        status="success", invocations=invocations, initial_session_state=None,
+        final_session_state=None, run_id=run_id, created_at=created)
+    inf_oid = repo.put(store, inference)
+    case_fp = fingerprint("imported-case", {**identity, "inference": inference.content()})
+    unit_refs = []
+    for overall in case.overall_eval_metric_results:
+        name = overall.metric_name
+        criterion = overall.criterion.model_dump(mode="json") if overall.criterion else None
+        threshold = overall.threshold if overall.threshold is not None else (
+            (criterion or {}).get("threshold") or 0.0)
+        rule_fp = fingerprint("imported-rule", {"metric": name, "criterion": criterion,
+                                                "threshold": threshold})
+        rows = []
+        for index, per in enumerate(case.eval_metric_result_per_invocation):
+            for m in per.eval_metric_results:
+                if m.metric_name == name:
+                    rows.append(UnitRow(invocation_index=index, score=m.score,
+                                        status=_status_name(m.eval_status)))  # type: ignore[arg-type]
+        scored = [r.score for r in rows if r.score is not None]
+        status = _status_name(overall.eval_status)
+        unit = ScoreUnit(
+            unit_fingerprint=unit_fingerprint(case_fp, rule_fp), case_fingerprint=case_fp,
+            rule_fingerprint=rule_fp, eval_id=case.eval_id, repetition=repetition,
+            metric_name=name, threshold=float(threshold), score=overall.score,
+            metric_status=status, gate_score=sum(scored) / len(scored) if scored else None,  # type: ignore[arg-type]
+            status=status, rows=rows, complete=status != "NOT_EVALUATED",  # type: ignore[arg-type]
+            reason=f"imported from ADK eval history {source}", run_id=run_id,
+            created_at=created)
+        unit_refs.append(UnitRef(
+            eval_id=case.eval_id, repetition=repetition, metric_name=name,
+            unit_oid=repo.put(store, unit), unit_fingerprint=unit.unit_fingerprint,
+            case_fingerprint=case_fp, rule_fingerprint=rule_fp, reused=False, why="imported"))
+    ref = InferenceRef(eval_id=case.eval_id, repetition=repetition, inference_oid=inf_oid,
+                       inference_fingerprint=inference.inference_fingerprint, status="success",
+                       reused=False)
+    return ref, unit_refs
+
+
+def import_result(store: Any, result: EvalSetResult, path: Path,
+                  app_name: str | None = None) -> tuple[str, EvaluationRecord]:
+    """One ADK ``EvalSetResult`` → inference records, units, a record and a manifest (last).
+
+    Deterministic: importing the same file again writes the same objects and manifest.
+    Imported work is never indexed for reuse (no agent or evaluator identity is known).
+    """
+    app = app_name or _app_name_of(result, path)
+    run_id = repo.ref_name("import-" + result.eval_set_result_id.replace(" ", "_"))
+    created = (dt.datetime.fromtimestamp(result.creation_timestamp, dt.UTC)
+               .isoformat(timespec="microseconds").replace("+00:00", "Z"))
+    seen: dict[str, int] = {}
+    inf_refs, unit_refs = [], []
+    for case in result.eval_case_results:
+        repetition = seen.get(case.eval_id, 0)  # ADK repeats a case once per num_runs
+        seen[case.eval_id] = repetition + 1
+        inf, units = _import_case(store, case, repetition, result, app, run_id, created,
+                                  path.name)
+        inf_refs.append(inf)
+        unit_refs.extend(units)
+    statuses = [repo.get(store, ScoreUnit, u.unit_oid).status for u in unit_refs]
+    cases_ok = all(_status_name(c.final_eval_status) == "PASSED"
+                   for c in result.eval_case_results)
+    complete = "NOT_EVALUATED" not in statuses
+    summary = RunSummary(
+        complete=complete,
+        passed=complete and cases_ok and all(s in ("PASSED", "INFORMATIONAL") for s in statuses),
+        agent_calls=0, judge_calls=0, reused_units=0, scored_units=len(unit_refs))
+    record = EvaluationRecord(
+        run_id=run_id, kind="import", eval_set_id=result.eval_set_id, app_name=app,
+        snapshot_oid=None, inference=inf_refs, units=unit_refs, summary=summary,
+        adk_history_path=str(path), imported_from=result.eval_set_result_id,
+        created_at=created)
+    record_oid = repo.put(store, record)
+    objects = [ManifestEntry(kind="record", oid=record_oid)]
+    objects += [ManifestEntry(kind="inference", oid=i.inference_oid) for i in inf_refs]
+    objects += [ManifestEntry(kind="unit", oid=u.unit_oid) for u in unit_refs]
+    repo.write_manifest(store, RunManifest(
+        run_id=run_id, eval_set_id=result.eval_set_id, app_name=app, kind="import",
+        record_oid=record_oid, snapshot_oid=None, objects=objects, passed=summary.passed,
+        complete=summary.complete, created_at=created))
+    return record_oid, record
+
+
+def import_history(store: Any, directory: str | Path,
+                   app_name: str | None = None) -> list[dict[str, Any]]:
+    """Imports every ADK result file in ``directory``; returns one summary per file."""
+    files = history_files(directory)
+    if not files:
+        raise InputFileError(f"no *{HISTORY_SUFFIX} files in {directory}.")
+    out = []
+    for path in files:
+        try:
+            result = parse_eval_set_result_json(path.read_bytes())
+        except (OSError, ValueError) as exc:
+            raise InputFileError(f"{path} is not an ADK EvalSetResult file: {exc}") from exc
+        oid, record = import_result(store, result, path, app_name)
+        out.append({"file": str(path), "run_id": record.run_id, "record_id": oid,
+                    "eval_set_id": record.eval_set_id, "app_name": record.app_name,
+                    "cases": len(record.inference), "units": len(record.units),
+                    "passed": record.summary.passed})
+    return out

@@ -19,6 +19,7 @@ from evalsnap.records import (
     Snapshot,
     UnitRef,
 )
+from storage import StorageError
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ def _parent_view(store: Any, parent_oid: str | None) -> tuple[dict[tuple, UnitRe
     try:
         parent = repo.get(store, EvaluationRecord, parent_oid)
         snap = repo.get_snapshot(store, parent.snapshot_oid) if parent.snapshot_oid else None
-    except EvalsnapError as exc:
+    except (EvalsnapError, StorageError) as exc:
         logger.warning("previous record %s unreadable (%s); explanations will say `new`",
                        parent_oid, exc)
         return {}, None
@@ -80,7 +81,7 @@ def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
         if reused and record_of_reuse is None:
             try:
                 record_of_reuse = repo.read_manifest(store, o.run_id).record_oid
-            except EvalsnapError:
+            except (EvalsnapError, StorageError):
                 record_of_reuse = None
         unit_refs.append(UnitRef(
             eval_id=o.eval_id, repetition=o.repetition, metric_name=o.metric_name,

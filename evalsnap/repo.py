@@ -19,8 +19,6 @@ import re
 import threading
 from typing import Any, TypeVar
 
-from storage import CorruptObjectError, ObjectNotFound, Store
-
 from evalsnap.errors import NotFoundError
 from evalsnap.records import (
     EvaluationRecord,
@@ -30,6 +28,7 @@ from evalsnap.records import (
     Snapshot,
     StoredModel,
 )
+from storage import CorruptObjectError, ObjectNotFound, Store
 
 logger = logging.getLogger(__name__)
 M = TypeVar("M", bound=StoredModel)
@@ -43,6 +42,11 @@ def configure_store(url: str, storage_options: dict[str, str] | None) -> None:
     """Remembers storage options for ``url`` in this process (never passed to Prefect)."""
     with _lock:
         _options[url] = dict(storage_options or {})
+
+
+def storage_options_of(url: str) -> dict[str, str]:
+    """The options ``configure_store`` recorded for ``url`` in this process (a copy)."""
+    return dict(_options.get(url, {}))
 
 
 def open_store(url: str) -> Store:

@@ -17,7 +17,7 @@ from google.adk.version import __version__ as ADK_VERSION
 from evalsnap import _ledger, repo
 from evalsnap.agent import LoadedAgent, load_agent
 from evalsnap.config import LoadedConfig, resolve_config
-from evalsnap.errors import ConfigError
+from evalsnap.errors import ConfigError, EvalsnapError
 from evalsnap.fingerprint import fingerprint
 from evalsnap.inference import inference_fingerprint, now_iso, run_inference
 from evalsnap.outcomes import InferenceOutcome, UnitOutcome
@@ -75,6 +75,18 @@ async def infer_case(store_url: str, agent_dir: str, case_data: dict[str, Any], 
     return InferenceOutcome(eval_id=case.eval_id, repetition=repetition, oid=oid, fingerprint=fp,
                             status=record.status, model_calls=record.model_calls, run_id=run_id,
                             error=record.error)
+
+
+def inference_usable(store_url: str, oid: str) -> bool:
+    """Whether a stored inference record exists and verifies (its hash and its schema)."""
+    from storage import StorageError
+
+    try:
+        repo.get_inference(repo.open_store(store_url), oid)
+    except (StorageError, EvalsnapError) as exc:
+        logger.warning("inference %s unusable: %s", oid, exc)
+        return False
+    return True
 
 
 def failed_inference(store_url: str, agent_dir: str, case_data: dict[str, Any], eval_set_id: str,

@@ -95,6 +95,17 @@ def _evaluate(plan: Plan, run_id: str, *, reuse: bool, force: bool,
             # Identical inputs share one inference (same fingerprint, same cache entry):
             # the case identity comes from this submission, not from the cached value.
             outcome = InferenceOutcome.model_validate(future.result())
+            if outcome.run_id != run_id and not stages.inference_usable(plan.store_url,
+                                                                        outcome.oid):
+                # Prefect's cache hands back ids without reading the object: a damaged or
+                # missing inference record is never used; run the agent for this case again.
+                logger.warning("cached inference %s of %s is unusable; running it again",
+                               outcome.oid, case_id)
+                outcome = InferenceOutcome.model_validate(
+                    infer.with_options(refresh_cache=True).submit(
+                        plan.store_url, str(_agent(plan).path), case_data,
+                        plan.eval_set.eval_set_id, case_id, rep,
+                        fingerprint_for(plan, case_id, rep), run_id, False).result())
             outcomes.append(outcome.model_copy(update={"eval_id": case_id, "repetition": rep}))
             continue
         message, _ = _failure_message(state)

@@ -1,0 +1,214 @@
+"""``evalsnap verify``: every object re-hashed and parsed, every run manifest followed.
+
+Three passes, each reporting findings instead of stopping at the first one:
+
+1. :meth:`storage.Store.verify` re-hashes every object file and flags stray files.
+2. Every object that hashes correctly is parsed as its record type (a correct hash of bytes
+   that are not a valid record, e.g. written by a buggy or newer evalsnap, is still wrong).
+3. Every ref under ``runs/`` is read as a manifest: its checksum must hold, every object it
+   lists must exist and be sound, and its record's links (snapshot, inference, units, judge
+   ledger entries) must resolve to sound objects of the right kind.
+
+Plain Python, no Prefect; the CLI command is a thin wrapper in :mod:`evalsnap.cli_store`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from evalsnap.errors import EvalsnapError
+from evalsnap.records import (
+    EvaluationRecord,
+    InferenceRecord,
+    LedgerEntry,
+    RunManifest,
+    ScoreUnit,
+    Snapshot,
+    StoredModel,
+)
+from storage import OBJECT_KINDS, StorageError, Store
+
+__all__ = ["Finding", "VerifyReport", "verify_store"]
+
+RECORD_TYPES: dict[str, type[StoredModel]] = {
+    "inference": InferenceRecord,
+    "snapshot": Snapshot,
+    "unit": ScoreUnit,
+    "judge": LedgerEntry,
+    "record": EvaluationRecord,
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing wrong with the store."""
+
+    kind: str
+    """Object kind, or ``manifest`` for a run manifest."""
+    location: str
+    """URL of the object or ref that is wrong (or that points at something wrong)."""
+    message: str
+    """What is wrong and what to do about it."""
+    oid: str | None = None
+    """The object id concerned, when there is one."""
+    run_id: str | None = None
+    """The run whose manifest is affected, when there is one."""
+
+
+@dataclass
+class VerifyReport:
+    store: str
+    objects: dict[str, int] = field(default_factory=dict)
+    """Number of objects checked per kind."""
+    runs: int = 0
+    """Number of run manifests checked."""
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"store": self.store, "ok": self.ok, "objects": self.objects, "runs": self.runs,
+                "problems": [asdict(f) for f in self.findings]}
+
+
+class _Objects:
+    """Per kind: which oids exist, which are unsound (and why), and parsed records."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.present: dict[str, set[str]] = {}
+        self.bad: dict[tuple[str, str], str] = {}
+        self.parsed: dict[tuple[str, str], StoredModel] = {}
+
+    def problem(self, kind: str, oid: str) -> str | None:
+        """Why ``kind``/``oid`` cannot be used, or None if it is present and sound."""
+        if oid not in self.present.get(kind, set()):
+            return f"{kind} object {oid} is missing"
+        if (kind, oid) in self.bad:
+            return f"{kind} object {oid} is unsound: {self.bad[(kind, oid)]}"
+        return None
+
+
+def _scan_objects(store: Store, report: VerifyReport) -> _Objects:
+    objects = _Objects(store)
+    by_path = {}
+    for problem in store.verify():
+        oid = _oid_in(problem.path)
+        if oid is not None:
+            objects.bad[(problem.kind, oid)] = problem.message
+            by_path[(problem.kind, oid)] = problem.path
+        report.findings.append(Finding(problem.kind, problem.path, problem.message, oid))
+    for kind in OBJECT_KINDS:
+        oids = set(store.iter_objects(kind))
+        objects.present[kind] = oids
+        report.objects[kind] = len(oids)
+        for oid in sorted(oids):
+            if (kind, oid) in objects.bad:
+                continue
+            try:
+                data = store.get_object(kind, oid)
+                objects.parsed[(kind, oid)] = RECORD_TYPES[kind].from_bytes(data, where=oid)
+            except (EvalsnapError, StorageError) as exc:
+                # Hash fine but not a readable record, or corrupted since the first pass.
+                objects.bad[(kind, oid)] = str(exc)
+                report.findings.append(Finding(kind, store.object_url(kind, oid), str(exc), oid))
+    return objects
+
+
+def _oid_in(path: str) -> str | None:
+    parts = path.rstrip("/").split("/")
+    if len(parts) >= 2 and len(parts[-2]) == 2 and len(parts[-1]) == 62:
+        return f"sha256:{parts[-2]}{parts[-1]}"
+    return None
+
+
+def _manifest_url(store: Store, name: str) -> str:
+    return f"{store.url.rstrip('/')}/v1/refs/runs/{name}"
+
+
+def _read_manifest(store: Store, name: str) -> tuple[RunManifest | None, str | None]:
+    data = store.get_ref("runs", name)
+    if data is None:
+        return None, "disappeared while verifying; run verify again"
+    try:
+        manifest = RunManifest.from_bytes(data, where=f"runs/{name}")
+    except EvalsnapError as exc:
+        return None, f"unreadable manifest: {exc}"
+    body = manifest.model_copy(update={"checksum": ""}).to_bytes()
+    actual = "sha256:" + hashlib.sha256(body).hexdigest()
+    if manifest.checksum != actual:
+        return None, (f"manifest checksum is {manifest.checksum or 'missing'} but its content "
+                      f"hashes to {actual}: the manifest is corrupt; the run it names cannot "
+                      "be trusted. Re-run it, then delete this ref")
+    if manifest.run_id != name:
+        return None, f"manifest names run {manifest.run_id!r}, not {name!r}"
+    return manifest, None
+
+
+def _links(record: EvaluationRecord, objects: _Objects) -> Iterable[tuple[str, str, str]]:
+    """(kind, oid, what) for everything the record points at."""
+    if record.snapshot_oid is not None:
+        yield "snapshot", record.snapshot_oid, "its snapshot"
+    elif record.kind != "import":
+        yield "snapshot", "", "its snapshot (none given, but only imported records may omit it)"
+    for inf in record.inference:
+        yield "inference", inf.inference_oid, f"inference of {inf.eval_id} #{inf.repetition}"
+    for ref in record.units:
+        what = f"unit {ref.eval_id} #{ref.repetition} {ref.metric_name}"
+        yield "unit", ref.unit_oid, what
+        unit = objects.parsed.get(("unit", ref.unit_oid))
+        if isinstance(unit, ScoreUnit):
+            for entry in unit.ledger:
+                yield "judge", entry, f"judge ledger entry of {what}"
+
+
+def _check_manifest(store: Store, name: str, objects: _Objects, report: VerifyReport) -> None:
+    url = _manifest_url(store, name)
+    manifest, error = _read_manifest(store, name)
+    if manifest is None:
+        report.findings.append(Finding("manifest", url, error or "unreadable", run_id=name))
+        return
+    listed = [(e.kind, e.oid, f"listed {e.kind} object") for e in manifest.objects]
+    if ("record", manifest.record_oid) not in {(k, o) for k, o, _ in listed}:
+        listed.append(("record", manifest.record_oid, "its record"))
+    checks = list(listed)
+    record = objects.parsed.get(("record", manifest.record_oid))
+    if isinstance(record, EvaluationRecord):
+        if record.run_id != manifest.run_id:
+            report.findings.append(Finding(
+                "manifest", url, f"record {manifest.record_oid} belongs to run "
+                f"{record.run_id!r}, not {manifest.run_id!r}", manifest.record_oid, name))
+        if record.snapshot_oid != manifest.snapshot_oid:
+            report.findings.append(Finding(
+                "manifest", url, f"manifest names snapshot {manifest.snapshot_oid} but its "
+                f"record names {record.snapshot_oid}", manifest.record_oid, name))
+        checks += list(_links(record, objects))
+    seen: set[tuple[str, str]] = set()
+    for kind, oid, what in checks:
+        if (kind, oid) in seen:
+            continue
+        seen.add((kind, oid))
+        problem = (f"{kind} object is not named" if not oid else
+                   f"unknown object kind {kind!r}" if kind not in OBJECT_KINDS else
+                   objects.problem(kind, oid))
+        if problem:
+            report.findings.append(Finding(
+                "manifest", url, f"run {name}: {what}: {problem}; the run cannot be "
+                "reproduced from this store — re-run it (with --reuse, sound work is kept)",
+                oid or None, name))
+
+
+def verify_store(store: Store) -> VerifyReport:
+    """Checks every object and every run manifest of ``store``; never modifies it."""
+    report = VerifyReport(store.url)
+    objects = _scan_objects(store, report)
+    names = store.list_refs("runs")
+    report.runs = len(names)
+    for name in names:
+        _check_manifest(store, name, objects, report)
+    return report

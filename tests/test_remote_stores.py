@@ -1,0 +1,237 @@
+"""Issue 6: full runs against S3 (moto) and GCS (fake-gcs-server), reuse from a new process,
+Prefect's task cache in the bucket, and fast, clear failures for unusable stores.
+
+Every CLI call is a fresh process given only dummy credentials and 127.0.0.1 endpoints.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+
+from tests.conftest import SHOP, free_port, run_cli
+from tests.servers import Server, gcs_create_bucket, s3_create_bucket, start_fake_gcs, start_moto
+
+BUCKET = "evalsnap-e2e"
+
+_BASE_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    "NO_GCE_CHECK": "true",
+    "GCE_METADATA_HOST": "127.0.0.1:9",
+    "GCE_METADATA_IP": "127.0.0.1:9",
+    "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+}
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
+                        "AWS_ENDPOINT_URL_S3", "GOOGLE_APPLICATION_CREDENTIALS",
+                        "STORAGE_EMULATOR_HOST")}
+    return {**env, **_BASE_ENV, **extra}
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    dst = tmp_path_factory.mktemp("remote") / "shop_agent"
+    shutil.copytree(SHOP, dst, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[Server]:
+    server = start_moto()
+    try:
+        s3_create_bucket(server, BUCKET)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def fake_gcs() -> Iterator[Server]:
+    server = start_fake_gcs()
+    try:
+        gcs_create_bucket(server, BUCKET)
+        yield server
+    finally:
+        server.stop()
+
+
+def _two_runs(agent: Path, url: str, env: dict[str, str]) -> dict[str, Any]:
+    evalset = str(agent / "shop.evalset.json")
+    cold = run_cli("run", str(agent), evalset, "--store", url, "--json", env=env)
+    warm = run_cli("run", str(agent), evalset, "--store", url, "--json", "--reuse", env=env)
+    return {"url": url, "env": env, "cold": cold, "warm": warm}
+
+
+@pytest.fixture(scope="module")
+def s3_runs(agent: Path, moto: Server) -> dict[str, Any]:
+    runs = _two_runs(agent, f"s3://{BUCKET}/e2e-{uuid.uuid4().hex[:8]}",
+                     _env(AWS_ENDPOINT_URL=moto.url))
+    runs["fs"] = fsspec.filesystem("s3", endpoint_url=moto.url, key="testing",
+                                   secret="testing", use_listings_cache=False)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def gcs_runs(agent: Path, fake_gcs: Server) -> dict[str, Any]:
+    runs = _two_runs(agent, f"gs://{BUCKET}/e2e-{uuid.uuid4().hex[:8]}",
+                     _env(STORAGE_EMULATOR_HOST=fake_gcs.url))
+    runs["fs"] = fsspec.filesystem("gs", endpoint_url=fake_gcs.url, token="anon",
+                                   use_listings_cache=False)
+    return runs
+
+
+@pytest.fixture(params=["s3", "gcs"])
+def runs(request: pytest.FixtureRequest) -> dict[str, Any]:
+    return request.getfixturevalue(f"{request.param}_runs")
+
+
+def _scores(result: dict[str, Any]) -> dict[tuple[str, str], Any]:
+    return {(c["eval_id"], m): (v["score"], v["status"])
+            for c in result["cases"] for m, v in c["metrics"].items()}
+
+
+def test_cold_run_in_the_bucket_calls_the_models(runs: dict[str, Any]) -> None:
+    cold = runs["cold"]
+    assert cold.code in (1, 3), cold.stderr[-3000:]
+    assert cold.json["agent_calls"] > 0 and cold.json["judge_calls"] > 0
+    assert cold.json["reused_units"] == 0
+
+
+def test_reuse_from_a_new_process_makes_no_model_calls(runs: dict[str, Any]) -> None:
+    cold, warm = runs["cold"].json, runs["warm"]
+    assert warm.code == runs["cold"].code, warm.stderr[-3000:]
+    assert warm.json["agent_calls"] == 0
+    assert warm.json["judge_calls"] == 0
+    # only units that were incomplete before are scored again (and need no model call)
+    incomplete = sum(1 for c in cold["cases"] for v in c["metrics"].values()
+                     if not v["complete"])
+    assert warm.json["scored_units"] <= incomplete
+    assert warm.json["reused_units"] + warm.json["scored_units"] == cold["scored_units"]
+    complete_before = {k: v for k, v in _scores(cold).items()
+                       if v[1] != "NOT_EVALUATED"}
+    assert {k: _scores(warm.json)[k] for k in complete_before} == complete_before
+    assert all(c["inference_reused"] for c in warm.json["cases"])
+
+
+def test_objects_manifests_and_task_cache_live_in_the_bucket(runs: dict[str, Any]) -> None:
+    fs, root = runs["fs"], runs["url"].split("://", 1)[1]
+    for kind in ("inference", "snapshot", "unit", "judge", "record"):
+        assert fs.find(f"{root}/v1/objects/{kind}"), kind
+    runs_dir = fs.ls(f"{root}/v1/refs/runs")
+    assert {p.rsplit("/", 1)[-1] for p in runs_dir} == {
+        runs["cold"].json["run_id"], runs["warm"].json["run_id"]}
+    cached = fs.find(f"{root}/v1/prefect/infer")
+    n_cases = len(runs["cold"].json["cases"])
+    assert len(cached) >= n_cases - 1  # identical cases share one cache entry
+    # ADK interop copy for a remote store: under refs adk_history/<app>/
+    history = fs.find(f"{root}/v1/refs/adk_history/shop_agent")
+    assert len(history) == 2
+    from google.adk.evaluation._eval_set_results_manager_utils import (
+        parse_eval_set_result_json,
+    )
+    parsed = parse_eval_set_result_json(fs.cat_file(history[0]))
+    assert parsed.eval_set_id == "shop" and len(parsed.eval_case_results) == n_cases
+
+
+def test_verify_passes_on_the_bucket(runs: dict[str, Any]) -> None:
+    result = run_cli("verify", "--store", runs["url"], "--json", env=runs["env"])
+    assert result.code == 0, result.stdout + result.stderr[-2000:]
+    assert result.json["runs"] == 2 and result.json["problems"] == []
+
+
+def _warm_flow_run_task_states(url: str, run_id_marker: str) -> list[str]:
+    """State names of the inference task runs of the --reuse flow run on ``url``."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with get_client(sync_client=True) as client:
+        flow_runs = [fr for fr in client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC,
+                                                        limit=200)
+                     if fr.parameters.get("store") == url and fr.parameters.get("reuse")]
+        assert flow_runs, f"no --reuse flow run found for {url} ({run_id_marker})"
+        task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(
+            id=FlowRunFilterId(any_=[flow_runs[0].id])))
+    return [tr.state_name for tr in task_runs if tr.name.startswith("infer ")]
+
+
+def test_second_process_gets_prefect_cache_hits_from_the_bucket(runs: dict[str, Any]) -> None:
+    states = _warm_flow_run_task_states(runs["url"], runs["warm"].json["run_id"])
+    assert states and all(s == "Cached" for s in states), states
+
+
+# ---- unusable stores: exit 2 naming the URL ---------------------------------------------------
+
+def _run_quick(agent: Path, url: str, env: dict[str, str]) -> Any:
+    return run_cli("run", str(agent), str(agent / "shop.evalset.json"), "--store", url,
+                   "--json", env=env, timeout=120)
+
+
+@pytest.mark.parametrize("protocol", ["s3", "gcs"])
+def test_missing_bucket_exits_2_naming_the_url(agent: Path, protocol: str,
+                                                request: pytest.FixtureRequest) -> None:
+    if protocol == "s3":
+        server: Server = request.getfixturevalue("moto")
+        url, env = "s3://no-such-bucket-e2e/p", _env(AWS_ENDPOINT_URL=server.url)
+    else:
+        server = request.getfixturevalue("fake_gcs")
+        url, env = "gs://no-such-bucket-e2e/p", _env(STORAGE_EMULATOR_HOST=server.url)
+    result = _run_quick(agent, url, env)
+    assert result.code == 2, result.stderr[-2000:]
+    assert url in result.stderr and "does not exist" in result.stderr
+    assert result.stdout.strip() == ""
+
+
+@pytest.mark.parametrize("protocol", ["s3", "gcs"])
+def test_unreachable_endpoint_exits_2_naming_the_url(agent: Path, protocol: str) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    if protocol == "s3":
+        url, env = f"s3://{BUCKET}/p", _env(AWS_ENDPOINT_URL=dead)
+    else:
+        url, env = f"gs://{BUCKET}/p", _env(STORAGE_EMULATOR_HOST=dead)
+    result = _run_quick(agent, url, env)
+    assert result.code == 2, result.stderr[-2000:]
+    assert url in result.stderr and "unavailable" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def moto_with_auth() -> Iterator[Server]:
+    """A moto server that checks credentials (it accepts any by default)."""
+    saved = os.environ.get("INITIAL_NO_AUTH_ACTION_COUNT")
+    os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
+    try:
+        server = start_moto()
+    finally:
+        if saved is None:
+            os.environ.pop("INITIAL_NO_AUTH_ACTION_COUNT", None)
+        else:
+            os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = saved
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_wrong_credentials_exit_2_naming_the_url(agent: Path, moto_with_auth: Server) -> None:
+    url = f"s3://{BUCKET}/p"
+    env = _env(AWS_ENDPOINT_URL=moto_with_auth.url, AWS_ACCESS_KEY_ID="AKIAWRONGWRONGWRONG1",
+               AWS_SECRET_ACCESS_KEY="wrong-secret-value")
+    result = _run_quick(agent, url, env)
+    assert result.code == 2, result.stderr[-2000:]
+    assert url in result.stderr and "credentials" in result.stderr
+    assert "wrong-secret-value" not in result.stderr + result.stdout
