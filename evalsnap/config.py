@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import json
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +33,7 @@ from pydantic import ValidationError
 import evalsnap.context  # noqa: F401  (installs the EvaluationContext shim first)
 from evalsnap import plugins
 from evalsnap.errors import ConfigError, InputFileError, MetricImportError
+from evalsnap.evalset import strict_json
 from evalsnap.fingerprint import fingerprint
 from evalsnap.records import EvaluatorIdentity, MetricRule
 
@@ -96,8 +97,8 @@ def read_config_file(path: str | Path | None) -> tuple[dict[str, Any], str]:
     if not p.is_file():
         raise InputFileError(f"config {p} does not exist; pass --config test_config.json.")
     try:
-        raw = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raw = strict_json(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError included
         raise ConfigError(f"config {p} is not valid JSON: {exc}; fix the file.") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"config {p} must be a JSON object with `criteria`.")
@@ -222,6 +223,17 @@ def resolve_config(raw: dict[str, Any], *, where: str = "<config>") -> LoadedCon
                                       if k in eval_config.criteria}, where=where)
 
 
+def _finite(value: Any) -> bool:
+    """No NaN or infinity anywhere in ``value`` (JSON data)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return True
+
+
 def _takes_four_positional(fn: Any) -> bool:
     try:
         inspect.signature(fn).bind(None, None, None, None)
@@ -274,6 +286,10 @@ def _resolve_rule(name: str, criterion: Any, registry: MetricEvaluatorRegistry,
             f"{evaluator_type.criterion_type.__name__}: {exc.errors()[0].get('msg')}."
         ) from exc
     resolved_data = resolved.model_dump(mode="json", by_alias=True)
+    if not _finite(resolved_data) or not _finite(base.model_extra or {}):
+        # pydantic reads "Infinity"/"nan" strings as floats; a rule must be storable JSON
+        raise ConfigError(f"{where}: criterion of {name!r} holds a NaN or infinite number; "
+                          "use a finite threshold such as 0.8.")
     fields = evaluator_type.criterion_type.model_fields
     field_names: set[str] = set(fields) | {f.alias for f in fields.values() if f.alias}
     for key, value in (base.model_extra or {}).items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from google.adk.evaluation.eval_set import EvalSet
 from pydantic import ValidationError
@@ -18,15 +19,37 @@ def _first_error(exc: ValidationError) -> str:
     return f"{err.get('msg')} at `{loc}`" if loc else str(err.get("msg"))
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number (use a finite number or null)")
+
+
+def strict_json(text: str) -> Any:
+    """``json.loads`` limited to what can be stored and fingerprinted: no NaN/Infinity, no
+    lone surrogate escapes (``\\ud800``), no nesting too deep to parse. Any of those raises
+    ``ValueError`` (``json.JSONDecodeError`` for syntax errors)."""
+    try:
+        raw = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("it is nested too deeply") from None
+    try:
+        json.dumps(raw, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("it contains a lone surrogate escape such as \\ud800, which is not "
+                         "text") from None
+    return raw
+
+
 def parse_eval_set(text: str, *, where: str) -> EvalSet:
     """Parses and checks an eval set; raises ``EvalSetError`` naming ``where``."""
     try:
-        raw = json.loads(text)
+        raw = strict_json(text)
     except json.JSONDecodeError as exc:
         raise EvalSetError(
             f"{where} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
             "fix the file, or regenerate it with `adk web`."
         ) from exc
+    except ValueError as exc:
+        raise EvalSetError(f"{where} is not valid JSON: {exc}; fix the file.") from exc
     if not isinstance(raw, dict):
         raise EvalSetError(
             f"{where} must hold an ADK EvalSet object with `eval_set_id` and `eval_cases`, "

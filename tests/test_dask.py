@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from conftest import EVALSET
+from tests.conftest import EVALSET
 
 CASES = ["weather_paris", "cart_add_two_items", "greeting_then_weather"]
 METRICS = ["tool_trajectory_avg_score", "final_response_match_v2", "response_mentions_city"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import EVALSET, ROOT
+from tests.conftest import EVALSET, ROOT
 
 PREFECT = str(Path(sys.executable).parent / "prefect")
 EXPECTED = {

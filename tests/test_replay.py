@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EVALSET, SHOP, run_cli
+from tests.conftest import EVALSET, SHOP, run_cli
 from google.adk.evaluation import final_response_match_v2 as frm2
 from google.adk.evaluation.llm_as_judge import AutoRaterScore
 from typer.testing import CliRunner

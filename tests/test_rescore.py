@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import SHOP, run_cli
+from tests.conftest import SHOP, run_cli
 from typer.testing import CliRunner
 
 from evalsnap import repo

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import EVALSET
+from tests.conftest import EVALSET
 
 FAST_METRICS = ["--metric", "tool_trajectory_avg_score", "--metric", "response_match_score"]
 
