@@ -24,16 +24,23 @@ from storage import StorageError
 logger = logging.getLogger(__name__)
 
 
+class _UnusableParent(Exception):
+    """The previous record cannot be read; it is never used, not even as a parent pointer."""
+
+
 def _parent_view(store: Any, parent_oid: str | None) -> tuple[dict[tuple, UnitRef], Snapshot | None]:
     if parent_oid is None:
         return {}, None
     try:
         parent = repo.get(store, EvaluationRecord, parent_oid)
+    except (EvalsnapError, StorageError) as exc:
+        raise _UnusableParent(str(exc)) from exc
+    try:
         snap = repo.get_snapshot(store, parent.snapshot_oid) if parent.snapshot_oid else None
     except (EvalsnapError, StorageError) as exc:
-        logger.warning("previous record %s unreadable (%s); explanations will say `new`",
-                       parent_oid, exc)
-        return {}, None
+        logger.warning("snapshot of previous record %s unreadable (%s); explanations will "
+                       "say `new`", parent_oid, exc)
+        snap = None
     return {(u.eval_id, u.repetition, u.metric_name): u for u in parent.units}, snap
 
 
@@ -73,7 +80,27 @@ def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
     store = repo.open_store(store_url)
     snapshot = repo.get_snapshot(store, snapshot_oid)
     parent_oid = repo.latest_record_for(store, snapshot.eval_set_id)
-    parent_units, parent_snapshot = _parent_view(store, parent_oid)
+    try:
+        parent_units, parent_snapshot = _parent_view(store, parent_oid)
+    except _UnusableParent as exc:
+        logger.warning("previous record %s is unusable (%s); this record names no parent",
+                       parent_oid, exc)
+        parent_oid, parent_units, parent_snapshot = None, {}, None
+    readable_cache: dict[str, bool] = {}
+
+    def readable(oid: str | None) -> bool:
+        """A provenance pointer names only a record that can be read (never a damaged one)."""
+        if oid is None:
+            return False
+        if oid not in readable_cache:
+            try:
+                repo.get(store, EvaluationRecord, oid)
+                readable_cache[oid] = True
+            except (EvalsnapError, StorageError) as exc:
+                logger.warning("record %s unusable as provenance: %s", oid, exc)
+                readable_cache[oid] = False
+        return readable_cache[oid]
+
     unit_refs = []
     for o in units:
         reused = o.run_id != run_id
@@ -88,7 +115,7 @@ def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
             unit_oid=o.unit_oid, unit_fingerprint=o.unit_fingerprint,
             case_fingerprint=o.case_fingerprint, rule_fingerprint=o.rule_fingerprint,
             reused=reused, reused_from_run=o.run_id if reused else None,
-            reused_from_record=record_of_reuse if reused else None,
+            reused_from_record=record_of_reuse if reused and readable(record_of_reuse) else None,
             why="reused" if reused else explain_change(o, snapshot, parent_units,
                                                        parent_snapshot)))
     inf_refs = [InferenceRef(

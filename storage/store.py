@@ -10,6 +10,7 @@ Refs are replaced whole (object stores: one PUT; local disk: temp file + fsync +
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -31,6 +32,8 @@ from storage.errors import CorruptObjectError, ObjectNotFound, StoreUnavailable
 from storage.ids import ID_PATTERN, MAX_ID_LENGTH, OBJECT_KINDS, oid_of, validate_kind
 
 __all__ = ["LAYOUT_VERSION", "Problem", "Store"]
+
+logger = logging.getLogger(__name__)
 
 _VERIFY_BATCH = 64
 
@@ -110,16 +113,35 @@ class Store:
         rel = object_rel(kind, oid)
         self._ensure_ready()
         what = f"writing {self._url(rel)}"
+        created = True
         if self._b.protocol == "file":
-            self._local(_local.write_once, rel, data, what)
-            return oid
-        try:
-            self._b.call(what, "pipe_file", self._path(rel), data, mode="create", nbytes=len(data))
-        except FileExistsError:
-            pass  # the same bytes are already there, perhaps from a concurrent writer
-        except FileNotFoundError as exc:
-            raise self._b.missing_bucket(what) from exc
+            path = self._path(rel)
+            created = not os.path.exists(path)
+            if created:
+                self._local(_local.write_once, rel, data, what)
+        else:
+            try:
+                self._b.call(what, "pipe_file", self._path(rel), data, mode="create",
+                             nbytes=len(data))
+            except FileExistsError:
+                created = False  # already there, perhaps from a concurrent writer
+            except FileNotFoundError as exc:
+                raise self._b.missing_bucket(what) from exc
+        if not created:
+            self._repair_if_damaged(rel, data, oid, what)
         return oid
+
+    def _repair_if_damaged(self, rel: str, data: bytes, oid: str, what: str) -> None:
+        """An existing object with other bytes is damage: replace it whole with the good bytes.
+
+        Without this a damaged object would stay forever, since every later write of the
+        same content is a no-op. Identical bytes (the normal case) are left alone.
+        """
+        existing = self._read(rel, f"checking {self._url(rel)}", long=True)
+        if existing is not None and oid_of(existing) == oid:
+            return
+        logger.warning("repairing damaged object %s", self._url(rel))
+        self._write_whole(rel, data, what)
 
     def get_object(self, kind: str, oid: str) -> bytes:
         """The bytes of an object, verified against ``oid``."""

@@ -259,3 +259,24 @@ def test_url_normalization(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert Store("memory://norm/").url == "memory://norm"
     assert Store("s3://bucket/prefix/").url == "s3://bucket/prefix"
     assert Store("gcs://bucket/p", {"token": "anon"}).url == "gs://bucket/p"
+
+
+def test_writing_good_bytes_again_repairs_a_damaged_object(store: Store, backend: Any) -> None:
+    """Write-once must not make damage permanent: the next write of the content repairs it."""
+    data = b"evalsnap repair " * 64
+    oid = store.put_object(KIND, data)
+    url = store.object_url(KIND, oid)
+    fs, path = backend.raw_fs_and_path(url)
+    damaged = bytearray(data)
+    damaged[3] ^= 0x20
+    if backend.name == "local":
+        with open(path, "r+b") as handle:
+            handle.seek(3)
+            handle.write(bytes([damaged[3]]))
+    else:
+        fs.pipe_file(path, bytes(damaged))
+    with pytest.raises(CorruptObjectError):
+        Store(store.url).get_object(KIND, oid)
+    assert store.put_object(KIND, data) == oid
+    assert Store(store.url).get_object(KIND, oid) == data
+    assert store.verify() == []
