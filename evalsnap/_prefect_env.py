@@ -20,37 +20,89 @@ def apply_defaults() -> None:
     os.environ.setdefault("PREFECT_RESULTS_PERSIST_BY_DEFAULT", "false")
 
 
-_starter: Any = None
+_server: Any = None
+_api_url: str | None = None
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def prestart_ephemeral_api() -> None:
-    """Starts Prefect's ephemeral API in the background when no API URL is configured.
+    """Starts a temporary local Prefect API in the background when none is configured.
 
-    The ephemeral server takes seconds to become healthy; starting it while the CLI
-    imports ADK and validates the inputs hides most of that. ``wait_for_ephemeral_api``
-    joins before the first flow call, so the flow never races a half-started server.
+    This is Prefect's own ephemeral server (the same uvicorn command, SQLite under
+    ``PREFECT_HOME``), started by evalsnap instead of by the first flow call, for two
+    reasons: its seconds of start-up overlap with ADK's imports, and this process never
+    imports Prefect's server package (FastAPI app, ORM), which would compete for the GIL.
+    ``PREFECT_API_URL`` is set for this process before Prefect is imported; the server is
+    stopped by PID when the process exits.
     """
-    global _starter
-    if _starter is not None or os.environ.get("PREFECT_API_URL"):
+    global _server, _api_url
+    if _server is not None or os.environ.get("PREFECT_API_URL"):
         return
-    import threading
+    if os.environ.get("PREFECT_SERVER_EPHEMERAL_ENABLED", "").lower() in ("0", "false"):
+        return
+    import atexit
+    import subprocess
+    import sys
+    from importlib.util import find_spec
 
-    def start() -> None:
+    spec = find_spec("prefect")
+    if spec is None or spec.origin is None:
+        return
+    port = _free_port()
+    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+           "PREFECT__SERVER_FINAL": "1"}
+    _server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "--app-dir",
+         os.path.dirname(os.path.dirname(spec.origin)), "--factory",
+         "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
+         "--log-level", "error", "--lifespan", "on"],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    atexit.register(_stop_server)
+    _api_url = f"http://127.0.0.1:{port}/api"
+    os.environ["PREFECT_API_URL"] = _api_url
+
+
+def _stop_server() -> None:
+    import subprocess
+
+    if _server is None or _server.poll() is not None:
+        return
+    _server.terminate()
+    try:
+        _server.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        _server.kill()
+        _server.wait()
+
+
+def wait_for_ephemeral_api(timeout: float = 90.0) -> None:
+    """Blocks until the server started by ``prestart_ephemeral_api`` answers."""
+    if _server is None or _api_url is None:
+        return
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _server.poll() is not None:
+            break
         try:
-            from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+            with urllib.request.urlopen(_api_url + "/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    from evalsnap.errors import EvalsnapError
 
-            if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
-                return
-            from prefect.server.api.server import SubprocessASGIServer
-
-            SubprocessASGIServer().start()
-        except Exception:  # noqa: BLE001 - the flow call starts it again and reports errors
-            return
-
-    _starter = threading.Thread(target=start, name="evalsnap-prefect-api", daemon=True)
-    _starter.start()
-
-
-def wait_for_ephemeral_api() -> None:
-    if _starter is not None:
-        _starter.join()
+    _stop_server()
+    raise EvalsnapError(
+        f"the temporary Prefect API did not start within {timeout:.0f} s (exit code "
+        f"{_server.poll()}); run `prefect server start` and set PREFECT_API_URL, or check "
+        "PREFECT_HOME is writable.")

@@ -172,6 +172,9 @@ def rescore(
 ) -> None:
     """Score frozen inference again with new references or rules; never calls the agent."""
     with _handled():
+        from evalsnap._prefect_env import prestart_ephemeral_api
+
+        prestart_ephemeral_api()
         from evalsnap.runners import resolve_runner
 
         task_runner, dask_address = resolve_runner(task_runner, dask_address)

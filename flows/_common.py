@@ -42,10 +42,11 @@ def freeze_score_publish(plan: Plan, *, run_id: str, kind: str,
                 len(outcomes), len(rules))
     score = score_task.with_options(result_storage=storage, refresh_cache=force or not reuse)
     futures = {}
+    digests = {rule.metric_name: units_digest(snapshot_oid, plan.store_url,
+                                              rule.rule_fingerprint, None) for rule in rules}
     for rule in rules:
         futures[rule.metric_name] = score.submit(
-            plan.store_url, snapshot_oid, rule.metric_name,
-            units_digest(snapshot_oid, plan.store_url, rule.rule_fingerprint, None),
+            plan.store_url, snapshot_oid, rule.metric_name, digests[rule.metric_name],
             plan.config_json, plan.config.where, plan.sys_paths, run_id, reuse, force,
             None, concurrency)
     wait_tracked(list(futures.values()), progress)
@@ -55,7 +56,8 @@ def freeze_score_publish(plan: Plan, *, run_id: str, kind: str,
         stale = [u for u in result if u["run_id"] != run_id and not u["complete"]]
         if stale:  # a cached result may hold incomplete units, which are never reused
             result = cast(list[dict[str, Any]], score.with_options(refresh_cache=True).submit(
-                plan.store_url, snapshot_oid, name, "", plan.config_json, plan.config.where,
+                plan.store_url, snapshot_oid, name, digests[name], plan.config_json,
+                plan.config.where,
                 plan.sys_paths, run_id, reuse, force, None, concurrency).result())
         units.extend(result)
     return publish_task(plan.store_url, run_id, kind, snapshot_oid,

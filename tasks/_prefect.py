@@ -87,7 +87,7 @@ def infer_cache_key(context: Any, parameters: dict[str, Any]) -> str:
 
 def score_cache_key(context: Any, parameters: dict[str, Any]) -> str | None:
     """``score/<metric>/<digest of the unit keys>``; no caching unless reuse was asked for."""
-    if not parameters.get("reuse") or parameters.get("force"):
+    if not parameters.get("reuse") or parameters.get("force") or not parameters.get("units_digest"):
         return None
     return f"score/{parameters['metric_name']}/{repo.hexof(parameters['units_digest'])}"
 

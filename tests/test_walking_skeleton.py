@@ -24,9 +24,12 @@ def demo(tmp_path_factory: pytest.TempPathFactory):
     evalset = agent / "shop.evalset.json"
     cold = run_cli("run", str(agent), str(evalset), "--store", str(store), "--json")
     warm = run_cli("run", str(agent), str(evalset), "--store", str(store), "--json", "--reuse")
+    # A second --reuse run hits Prefect's cached scoring results, some holding incomplete
+    # units that must be scored again (regression: this once crashed).
+    warm2 = run_cli("run", str(agent), str(evalset), "--store", str(store), "--json", "--reuse")
     shown = run_cli("show", cold.json["record_id"], "--store", str(store), "--json")
     return {"agent": agent, "store": store, "evalset": evalset, "cold": cold, "warm": warm,
-            "shown": shown}
+            "warm2": warm2, "shown": shown}
 
 
 def _scores(result: dict) -> dict:
@@ -98,6 +101,14 @@ def test_reuse_makes_no_model_call_and_prints_the_same_scores(demo):
                 assert not m["reused"] and m["why"] == "incomplete before"
             else:
                 assert m["reused"] and m["reused_from_record"] == cold["record_id"]
+
+
+def test_repeated_reuse_runs_agree(demo):
+    warm, warm2 = demo["warm"].json, demo["warm2"].json
+    assert demo["warm2"].code == demo["warm"].code
+    assert _scores(warm2) == _scores(warm)
+    assert (warm2["agent_calls"], warm2["judge_calls"]) == (0, 0)
+    assert warm2["scored_units"] == warm["scored_units"]
 
 
 def test_show_json_has_states_rows_and_reasons(demo):

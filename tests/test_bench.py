@@ -1,0 +1,22 @@
+"""The benchmark runner works (numbers come from `python -m bench`, never from tests)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+
+def test_bench_runner_works_at_n30(tmp_path: Path):
+    out = tmp_path / "RESULTS.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--sizes", "30", "--reps", "1", "--scenarios", "3",
+         "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = out.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| 3 | 30 |"))
+    # scenario 3: a --reuse rerun with nothing changed makes no model call at all
+    assert '"agent_calls": 0' in row and '"judge_calls": 0' in row
+    assert "×" in row  # a ratio against ADK's cold run from the same invocation
