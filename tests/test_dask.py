@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import pytest
+
 from tests.conftest import EVALSET
 
 CASES = ["weather_paris", "cart_add_two_items", "greeting_then_weather"]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from tests.conftest import EVALSET, ROOT
 
 PREFECT = str(Path(sys.executable).parent / "prefect")

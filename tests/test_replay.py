@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.conftest import EVALSET, SHOP, run_cli
 from google.adk.evaluation import final_response_match_v2 as frm2
 from google.adk.evaluation.llm_as_judge import AutoRaterScore
 from typer.testing import CliRunner
@@ -21,6 +20,7 @@ from evalsnap.cli import app
 from evalsnap.records import LedgerEntry, ScoreUnit
 from evalsnap.replay import ReplayMismatchError, replay
 from examples import offline_models
+from tests.conftest import EVALSET, SHOP, run_cli
 
 FRM = "final_response_match_v2"
 # a few cases keep the CLI runs short: one and two invocations, and the designed FRM failure

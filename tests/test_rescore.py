@@ -13,11 +13,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tests.conftest import SHOP, run_cli
 from typer.testing import CliRunner
 
 from evalsnap import repo
 from evalsnap.records import EvaluationRecord, Snapshot
+from tests.conftest import SHOP, run_cli
 
 
 @pytest.fixture(scope="module")
