@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from prefect import task
@@ -12,11 +13,12 @@ from tasks._prefect import score_cache_key
 
 @task(name="score", task_run_name="score {metric_name}", cache_key_fn=score_cache_key,
       persist_result=True, tags=["evalsnap", "scoring"])
-async def score_task(store_url: str, snapshot_oid: str, metric_name: str, units_digest: str,
-                     config_json: str, config_where: str, sys_paths: list[str], run_id: str,
-                     reuse: bool, force: bool, case_ids: list[str] | None = None,
-                     concurrency: int = 8) -> list[dict[str, Any]]:
-    outcomes = await stages.score_metric(
+def score_task(store_url: str, snapshot_oid: str, metric_name: str, units_digest: str,
+               config_json: str, config_where: str, sys_paths: list[str], run_id: str,
+               reuse: bool, force: bool, case_ids: list[str] | None = None,
+               concurrency: int = 8) -> list[dict[str, Any]]:
+    # Sync on purpose (see tasks/inference.py): the event loop lives inside the task.
+    outcomes = asyncio.run(stages.score_metric(
         store_url, snapshot_oid, metric_name, config_json, config_where, sys_paths, run_id,
-        reuse, force, case_ids, concurrency, on_unit=lambda: progress.advance("scoring"))
+        reuse, force, case_ids, concurrency, on_unit=lambda: progress.advance("scoring")))
     return [o.model_dump(mode="json") for o in outcomes]
