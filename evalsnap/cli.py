@@ -48,6 +48,17 @@ def _storage_options(pairs: list[str] | None) -> dict[str, str]:
     return opts
 
 
+def _open_store(url: str, storage_option: list[str] | None) -> Any:
+    """Configures ``--storage-option`` for ``url`` in this process and opens the store."""
+    repo.configure_store(url, _storage_options(storage_option))
+    return repo.open_store(url)
+
+
+def _print_json(value: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(value, default=str) + "\n")
+    sys.stdout.flush()
+
+
 @contextmanager
 def _handled():
     """Typed errors become a message on stderr and exit 2."""
@@ -207,8 +218,7 @@ def show(
     from evalsnap.show import full_record
 
     with _handled():
-        repo.configure_store(store, _storage_options(storage_option))
-        s = repo.open_store(store)
+        s = _open_store(store, storage_option)
         oid, rec = repo.resolve_record(s, record)
         if as_json:
             sys.stdout.write(json.dumps(full_record(s, oid, rec), default=str) + "\n")

@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from typing import Annotated, Any
 
 import typer
 
 from evalsnap import repo
-from evalsnap.cli import JsonOpt, OptionOpt, StoreOpt, _handled, _storage_options, app, out
-
-
-def _print_json(value: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(value, default=str) + "\n")
-    sys.stdout.flush()
+from evalsnap.cli import JsonOpt, OptionOpt, StoreOpt, _handled, _open_store, _print_json, app, out
 
 
 @app.command()
@@ -29,8 +22,7 @@ def explain(
     from evalsnap.explain import explain_table
 
     with _handled():
-        repo.configure_store(store, _storage_options(storage_option))
-        s = repo.open_store(store)
+        s = _open_store(store, storage_option)
         oid, rec = repo.resolve_record(s, record)
         result = explain_record(s, oid, rec)
     if as_json:
@@ -53,8 +45,7 @@ def diff(
     from evalsnap.diff import diff_table
 
     with _handled():
-        repo.configure_store(store, _storage_options(storage_option))
-        s = repo.open_store(store)
+        s = _open_store(store, storage_option)
         a_oid, a = repo.resolve_record(s, record_a)
         b_oid, b = repo.resolve_record(s, record_b)
         result = diff_records(s, a_oid, a, b_oid, b)
@@ -72,8 +63,7 @@ def ls(
 ) -> None:
     """Runs, snapshots and records in the store, newest first."""
     with _handled():
-        repo.configure_store(store, _storage_options(storage_option))
-        s = repo.open_store(store)
+        s = _open_store(store, storage_option)
         s.check()
         manifests = repo.list_manifests(s)
     runs: list[dict[str, Any]] = [{"run_id": m.run_id, "kind": m.kind, "created_at": m.created_at,

@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-import json
-import sys
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from evalsnap import repo
 from evalsnap.cli import (
     JsonOpt,
     OptionOpt,
     StoreOpt,
     _handled,
-    _storage_options,
+    _open_store,
+    _print_json,
     app,
     err,
     out,
 )
-
-
-def _print_json(value: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(value, default=str) + "\n")
-    sys.stdout.flush()
 
 
 @app.command()
@@ -36,8 +29,7 @@ def verify(
     from evalsnap.verify import verify_store
 
     with _handled():
-        repo.configure_store(store, _storage_options(storage_option))
-        s = repo.open_store(store)
+        s = _open_store(store, storage_option)
         s.check(write=False)
         report = verify_store(s)
     if as_json:
@@ -67,8 +59,7 @@ def import_adk_history(
     from evalsnap.adk_history import import_history
 
     with _handled():
-        repo.configure_store(store, _storage_options(storage_option))
-        s = repo.open_store(store)
+        s = _open_store(store, storage_option)
         s.check()
         imported = import_history(s, directory, app_name)
     if as_json:
