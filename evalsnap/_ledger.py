@@ -49,7 +49,8 @@ def write_entries(store: Store, entries: list[LedgerEntry]) -> list[str]:
     for entry in entries:
         oid = repo.put(store, entry)
         oids.append(oid)
-        if not entry.failed:
+        # An answer from the ledger is indexed already (by the entry it came from).
+        if not entry.failed and entry.source == "model":
             store.put_ref(INDEX, sample_ref(entry.request_key, entry.sample_index),
                           json.dumps({"oid": oid}).encode())
     return oids

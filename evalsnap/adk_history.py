@@ -65,7 +65,7 @@ def to_eval_set_result(store: Any, record: EvaluationRecord) -> EvalSetResult:
         overall = []
         statuses = []
         for ref in units:
-            unit = repo.get(store, ScoreUnit, ref.unit_oid)
+            unit = repo.get_unit_shared(store, ref.unit_oid)
             rule = snapshot.rule(ref.metric_name) if snapshot else None
             common: dict[str, Any] = dict(metric_name=unit.metric_name,
                                           threshold=unit.threshold,

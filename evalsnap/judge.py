@@ -169,11 +169,11 @@ _limiter_lock = threading.Lock()
 
 
 def judge_limiter() -> ProcessLimiter:
-    """The process's judge limiter: ``EVALSNAP_JUDGE_CONCURRENCY`` slots (default 4)."""
+    """The process's judge limiter: ``EVALSNAP_JUDGE_CONCURRENCY`` slots (default 8)."""
     global _limiter
     with _limiter_lock:
         if _limiter is None:
-            _limiter = ProcessLimiter(int(os.environ.get("EVALSNAP_JUDGE_CONCURRENCY", "4")))
+            _limiter = ProcessLimiter(int(os.environ.get("EVALSNAP_JUDGE_CONCURRENCY", "8")))
         return _limiter
 
 

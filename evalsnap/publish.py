@@ -15,7 +15,6 @@ from evalsnap.records import (
     ManifestEntry,
     RunManifest,
     RunSummary,
-    ScoreUnit,
     Snapshot,
     UnitRef,
 )
@@ -101,15 +100,23 @@ def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
                 readable_cache[oid] = False
         return readable_cache[oid]
 
+    record_of_run: dict[str, str | None] = {}
+
+    def record_of(run: str) -> str | None:
+        """The record a run published (one manifest read per run, not per unit)."""
+        if run not in record_of_run:
+            try:
+                record_of_run[run] = repo.read_manifest(store, run).record_oid
+            except (EvalsnapError, StorageError):
+                record_of_run[run] = None
+        return record_of_run[run]
+
     unit_refs = []
     for o in units:
         reused = o.run_id != run_id
         record_of_reuse = o.reused_from_record
         if reused and record_of_reuse is None:
-            try:
-                record_of_reuse = repo.read_manifest(store, o.run_id).record_oid
-            except (EvalsnapError, StorageError):
-                record_of_reuse = None
+            record_of_reuse = record_of(o.run_id)
         unit_refs.append(UnitRef(
             eval_id=o.eval_id, repetition=o.repetition, metric_name=o.metric_name,
             unit_oid=o.unit_oid, unit_fingerprint=o.unit_fingerprint,
@@ -145,8 +152,7 @@ def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
             logger.warning("could not write the ADK history copy: %s", exc)
     record_oid = repo.put(store, record)
     for o in fresh:
-        unit = repo.get(store, ScoreUnit, o.unit_oid)
-        repo.index_unit(store, unit, o.unit_oid, record_oid)
+        repo.index_unit(store, o.unit_fingerprint, o.complete, o.unit_oid, o.run_id, record_oid)
     repo.set_latest_record(store, snapshot.eval_set_id, record_oid, run_id)
     objects = [ManifestEntry(kind="record", oid=record_oid),
                ManifestEntry(kind="snapshot", oid=snapshot_oid)]

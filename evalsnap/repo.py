@@ -55,7 +55,9 @@ def open_store(url: str) -> Store:
     key = (url, json.dumps(opts, sort_keys=True))
     with _lock:
         if key not in _stores:
-            _stores[key] = Store(url, storage_options=opts or None)
+            # fsyncs are batched: each task flushes what it wrote, and the run manifest
+            # (a commit) flushes before it is written; see Store.flush
+            _stores[key] = Store(url, storage_options=opts or None, durability="batch")
         return _stores[key]
 
 
@@ -90,6 +92,17 @@ def _cached_snapshot(url: str, oid: str) -> Snapshot:
 def get_snapshot(store: Store, oid: str) -> Snapshot:
     """Snapshots are immutable: cache per process (each metric task reads the same one)."""
     return _cached_snapshot(store.url, oid)
+
+
+@functools.lru_cache(maxsize=8192)
+def _cached_unit(url: str, oid: str) -> ScoreUnit:
+    return get(open_store(url), ScoreUnit, oid)
+
+
+def get_unit_shared(store: Store, oid: str) -> ScoreUnit:
+    """A score unit parsed once per process, for readers that never modify it (reports,
+    the ADK history copy): a run's summary, history and artifacts read every unit."""
+    return _cached_unit(store.url, oid)
 
 
 def get_inference(store: Store, oid: str) -> InferenceRecord:
@@ -149,15 +162,16 @@ def load_unit(store: Store, oid: str) -> ScoreUnit | None:
         return None
 
 
-def index_unit(store: Store, unit: ScoreUnit, oid: str, record_oid: str) -> None:
+def index_unit(store: Store, unit_fingerprint: str, complete: bool, oid: str, run_id: str,
+               record_oid: str) -> None:
     """Points the unit key at this result, never replacing a complete one by an incomplete."""
-    name = hexof(unit.unit_fingerprint)
-    current = _get_json_ref(store, "index/unit", name)
-    if current and current.get("complete") and not unit.complete:
-        return
+    name = hexof(unit_fingerprint)
+    if not complete:
+        current = _get_json_ref(store, "index/unit", name)
+        if current and current.get("complete"):
+            return
     _put_json_ref(store, "index/unit", name, {
-        "unit_oid": oid, "run_id": unit.run_id, "record_oid": record_oid,
-        "complete": unit.complete,
+        "unit_oid": oid, "run_id": run_id, "record_oid": record_oid, "complete": complete,
     })
 
 
@@ -167,7 +181,7 @@ def write_manifest(store: Store, manifest: RunManifest) -> None:
     body = manifest.model_copy(update={"checksum": ""}).to_bytes()
     checksum = "sha256:" + hashlib.sha256(body).hexdigest()
     store.put_ref("runs", manifest.run_id, manifest.model_copy(update={"checksum": checksum})
-                  .to_bytes())
+                  .to_bytes(), commit=True)
 
 
 def read_manifest(store: Store, run_id: str) -> RunManifest:

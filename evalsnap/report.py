@@ -17,7 +17,7 @@ def exit_code(record: EvaluationRecord) -> int:
 
 
 def load_units(store: Any, record: EvaluationRecord) -> dict[str, ScoreUnit]:
-    return {ref.unit_oid: repo.get(store, ScoreUnit, ref.unit_oid) for ref in record.units}
+    return {ref.unit_oid: repo.get_unit_shared(store, ref.unit_oid) for ref in record.units}
 
 
 def summary(store: Any, record_oid: str, record: EvaluationRecord,

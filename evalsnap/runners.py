@@ -64,6 +64,28 @@ def thread_workers() -> int:
     return int(os.environ.get("EVALSNAP_MAX_WORKERS", "8"))
 
 
+_cpu_slots: threading.BoundedSemaphore | None = None
+_cpu_slots_lock = threading.Lock()
+
+
+@contextmanager
+def cpu_slot() -> Iterator[None]:
+    """Holds one of this process's CPU slots (``EVALSNAP_CPU_SLOTS``, default: the cores).
+
+    An agent run is mostly Python on the GIL: more inference batches at once than cores
+    only adds lock churn (measured: 300 cases took 8.3 s on 8 threads, 5.1 s on 2). Model
+    latency is covered inside a batch, whose cases share one event loop.
+    """
+    global _cpu_slots
+    with _cpu_slots_lock:
+        if _cpu_slots is None:
+            raw = os.environ.get("EVALSNAP_CPU_SLOTS", "").strip()
+            _cpu_slots = threading.BoundedSemaphore(int(raw) if raw else (os.cpu_count() or 1))
+        slots = _cpu_slots
+    with slots:
+        yield
+
+
 def thread_runner() -> Any:
     """The default runner: a bounded thread pool (Prefect's own default is unbounded)."""
     from prefect.task_runners import ThreadPoolTaskRunner

@@ -116,16 +116,21 @@ async def score_unit(
     run_id: str = "",
     judge_limiter: asyncio.Semaphore | None = None,
     judge_source: LedgerSource | None = None,
+    inference_is_private: bool = False,
 ) -> tuple[ScoreUnit, JudgeRecorder | None]:
     """Scores ``rule`` on ``frozen``; never raises for a metric's own failure.
 
     ``judge_source`` answers judge requests from a ledger (``--reuse``, or ``replay``
     where it is strict); ``judge_limiter`` defaults to the process's judge limiter.
+    Evaluators get copies, so nothing they do reaches a persisted input; a caller whose
+    ``inference`` was parsed for this call alone says ``inference_is_private=True`` and
+    saves the deep copy (it was the largest cost of scoring).
     """
     if not inference.ok:
         return not_evaluated(rule, frozen, run_id, f"inference failed: {inference.error}"), None
     reference = EvalCase.model_validate(copy.deepcopy(frozen.reference))
-    actual: list[Invocation] = copy.deepcopy(inference.invocations)
+    actual: list[Invocation] = (list(inference.invocations) if inference_is_private
+                                else copy.deepcopy(inference.invocations))
     expected = reference.conversation
     if reference.conversation_scenario is None and expected is not None and len(expected) != len(
             actual):

@@ -192,10 +192,12 @@ async def score_metric(store_url: str, snapshot_oid: str, metric_name: str,
         if reused is not None:
             return reused
         async with limiter:
+            # parsed for this unit alone: the evaluator may have it, no copy needed
             inference = repo.get_inference(store, frozen.inference_oid)
             unit, recorder = await score_unit(rule, eval_metric, frozen, inference,
                                               live.registry, run_id=run_id,
-                                              judge_source=judge_source)
+                                              judge_source=judge_source,
+                                              inference_is_private=True)
         reused_samples = 0
         if recorder is not None:
             # every judge call, live or answered from the ledger, becomes a ledger entry

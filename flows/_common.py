@@ -12,7 +12,7 @@ from evalsnap.outcomes import InferenceOutcome
 from evalsnap.planning import Plan
 from evalsnap.scoring import unit_fingerprint
 from tasks import freeze_task, publish_task, score_task
-from tasks._prefect import result_storage_for, wait_tracked
+from tasks._prefect import as_data, result_storage_for, wait_tracked
 
 
 def units_digest(snapshot_oid: str, store_url: str, rule_fp: str,
@@ -25,8 +25,8 @@ def units_digest(snapshot_oid: str, store_url: str, rule_fp: str,
 
 def freeze_score_publish(plan: Plan, *, run_id: str, kind: str,
                          outcomes: list[InferenceOutcome], reuse: bool, force: bool,
-                         concurrency: int, progress: Any = None) -> str:
-    """The second half of every flow. Returns the record id.
+                         concurrency: int, progress: Any = None) -> dict[str, Any]:
+    """The second half of every flow. Returns the run's summary (the ``--json`` object).
 
     ``progress`` (an ``evalsnap.artifacts.RunProgress``) advances as each metric's task ends.
     """
@@ -34,9 +34,9 @@ def freeze_score_publish(plan: Plan, *, run_id: str, kind: str,
     storage = result_storage_for(plan.store_url)
     eval_set = plan.selected_eval_set()
     rules = plan.selected_rules()
-    snapshot_oid = freeze_task(plan.store_url, eval_set.model_dump(mode="json"),
-                               [r.model_dump(mode="json") for r in rules],
-                               [o.model_dump(mode="json") for o in outcomes],
+    snapshot_oid = freeze_task(plan.store_url, as_data(eval_set.model_dump(mode="json")),
+                               as_data([r.model_dump(mode="json") for r in rules]),
+                               as_data([o.model_dump(mode="json") for o in outcomes]),
                                plan.agent.name if plan.agent else _app_of(plan, outcomes))
     logger.info("snapshot %s frozen (%d cases, %d metrics)", snapshot_oid,
                 len(outcomes), len(rules))
@@ -61,7 +61,8 @@ def freeze_score_publish(plan: Plan, *, run_id: str, kind: str,
                 plan.sys_paths, run_id, reuse, force, None, concurrency).result())
         units.extend(result)
     return publish_task(plan.store_url, run_id, kind, snapshot_oid,
-                        [o.model_dump(mode="json") for o in outcomes], units, reuse, force,
+                        as_data([o.model_dump(mode="json") for o in outcomes]), as_data(units),
+                        reuse, force,
                         plan.source, plan.skipped_cases, plan.uninferred_cases,
                         str(plan.agent.path) if plan.agent else None)
 

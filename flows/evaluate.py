@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Annotated, Any
 
 from prefect import flow, get_run_logger, tags
@@ -10,14 +11,20 @@ from prefect.runtime import flow_run
 from prefect.states import State
 from pydantic import Field
 
-from evalsnap import repo, runners, stages
+from evalsnap import runners, stages
 from evalsnap.artifacts import RunProgress
+from evalsnap.inference import inference_fingerprint
 from evalsnap.outcomes import InferenceOutcome
-from evalsnap.planning import Plan, fingerprint_for, plan_run
-from evalsnap.report import flow_result
+from evalsnap.planning import Plan, plan_run
 from flows._common import freeze_score_publish
 from tasks import infer_task
-from tasks._prefect import result_storage_for, wait_tracked, with_parameter_docs
+from tasks._prefect import (
+    inference_batch_size,
+    result_storage_for,
+    wait_tracked,
+    with_parameter_docs,
+)
+from tasks.inference import batches
 
 DEFAULT_STORE = ".evalsnap"
 
@@ -54,7 +61,10 @@ def evaluate(
     metrics: Annotated[list[str] | None, Field(description="Only these metrics (default: all)")] = None,
     cases: Annotated[list[str] | None, Field(description="Only these eval_ids (default: all)")] = None,
     repetitions: Annotated[int, Field(ge=1, description="Runs of the agent per case")] = 1,
-    concurrency: Annotated[int, Field(ge=1, description="Units scored at once per metric")] = 8,
+    concurrency: Annotated[int, Field(ge=1, description=(
+        "Cases run at once per inference task, and units scored at once per metric task "
+        "(model calls stay within the Prefect limits evalsnap-agent-model and "
+        "evalsnap-judge-model, where they exist)"))] = 8,
     task_runner: Annotated[runners.TaskRunnerName | None, Field(
         description="Where tasks run: threads in the flow's process, or dask (a local "
                     "cluster of worker processes, or the scheduler at dask_address). "
@@ -74,47 +84,66 @@ def evaluate(
 def _evaluate(plan: Plan, run_id: str, *, reuse: bool, force: bool,
               concurrency: int) -> dict[str, Any]:
     logger = get_run_logger()
-    progress = RunProgress(len(plan.case_ids) * plan.repetitions + len(plan.metric_names) + 1,
+    agent_dir = str(_agent(plan).path)
+    cases_by_id = {c.eval_id: c for c in plan.eval_set.eval_cases}
+    items: list[dict[str, Any]] = []
+    for case_id in plan.case_ids:
+        case = cases_by_id[case_id]
+        case_data = case.model_dump(mode="json")
+        for rep in range(plan.repetitions):
+            items.append({"case": case_data, "eval_id": case_id, "repetition": rep,
+                          "fingerprint": inference_fingerprint(_agent(plan).identity, case, rep)})
+    progress = RunProgress(len(items) + len(plan.metric_names) + 1,
                            f"{plan.eval_set.eval_set_id}: inference, scoring, publish")
     storage = result_storage_for(plan.store_url)
     infer = infer_task.with_options(result_storage=storage, refresh_cache=not reuse)
+    parts = batches(len(items), runners.thread_workers(), inference_batch_size())
     submitted = []
-    cases_by_id = {c.eval_id: c for c in plan.eval_set.eval_cases}
-    for case_id in plan.case_ids:
-        case_data = cases_by_id[case_id].model_dump(mode="json")
-        for rep in range(plan.repetitions):
-            future = infer.submit(plan.store_url, str(_agent(plan).path), case_data,
-                                  plan.eval_set.eval_set_id, case_id, rep,
-                                  fingerprint_for(plan, case_id, rep), run_id, reuse)
-            submitted.append((case_id, rep, case_data, future))
-    wait_tracked([f for *_, f in submitted], progress)
+    for part in parts:
+        chunk = [items[i] for i in part]
+        label = (f"{chunk[0]['eval_id']} ({part.start + 1} of {len(items)})" if len(chunk) == 1
+                 else f"{chunk[0]['eval_id']} … {chunk[-1]['eval_id']} "
+                      f"({part.start + 1}-{part.stop} of {len(items)})")
+        future = infer.submit(plan.store_url, agent_dir, plan.eval_set.eval_set_id,
+                              json.dumps(chunk), run_id, reuse, concurrency, label)
+        submitted.append((chunk, future))
+    wait_tracked([f for _, f in submitted], progress, weights=[len(c) for c, _ in submitted])
     outcomes: list[InferenceOutcome] = []
-    for case_id, rep, case_data, future in submitted:
+    again: list[dict[str, Any]] = []
+    for chunk, future in submitted:
         state = future.state
-        if state.is_completed():
-            # Identical inputs share one inference (same fingerprint, same cache entry):
-            # the case identity comes from this submission, not from the cached value.
-            outcome = InferenceOutcome.model_validate(future.result())
-            if outcome.run_id != run_id and not stages.inference_usable(plan.store_url,
-                                                                        outcome.oid):
-                # Prefect's cache hands back ids without reading the object: a damaged or
-                # missing inference record is never used; run the agent for this case again.
-                logger.warning("cached inference %s of %s is unusable; running it again",
-                               outcome.oid, case_id)
-                outcome = InferenceOutcome.model_validate(
-                    infer.with_options(refresh_cache=True).submit(
-                        plan.store_url, str(_agent(plan).path), case_data,
-                        plan.eval_set.eval_set_id, case_id, rep,
-                        fingerprint_for(plan, case_id, rep), run_id, False).result())
-            outcomes.append(outcome.model_copy(update={"eval_id": case_id, "repetition": rep}))
+        if not state.is_completed():
+            message, _ = _failure_message(state)
+            logger.warning("inference task for %d cases failed: %s", len(chunk), message)
+            outcomes += [stages.failed_inference(
+                plan.store_url, agent_dir, item["case"], plan.eval_set.eval_set_id,
+                item["repetition"], run_id, message, attempts=(infer.retries or 0) + 1)
+                for item in chunk]
             continue
-        message, _ = _failure_message(state)
-        logger.warning("inference of %s #%d failed: %s", case_id, rep, message)
-        outcomes.append(stages.failed_inference(
-            plan.store_url, str(_agent(plan).path), case_data, plan.eval_set.eval_set_id, rep,
-            run_id, message, attempts=(infer.retries or 0) + 1))
-    record_oid = freeze_score_publish(plan, run_id=run_id, kind="run", outcomes=outcomes,
-                                      reuse=reuse, force=force, concurrency=concurrency,
-                                      progress=progress)
+        for item, value in zip(chunk, future.result(), strict=True):
+            # Identical inputs share one inference (same fingerprint): the case identity
+            # comes from the submission, not from a cached value.
+            outcome = InferenceOutcome.model_validate(value).model_copy(
+                update={"eval_id": item["eval_id"], "repetition": item["repetition"]})
+            if outcome.run_id != run_id and (outcome.status != "success" or not
+                                             stages.inference_usable(plan.store_url,
+                                                                     outcome.oid)):
+                # Prefect's cache hands back ids without reading the objects: a failed
+                # (never reused), damaged or missing inference runs again.
+                logger.warning("cached inference %s of %s is unusable; running it again",
+                               outcome.oid, item["eval_id"])
+                again.append(item)
+                continue
+            outcomes.append(outcome)
+    if again:
+        retried = infer.with_options(refresh_cache=True).submit(
+            plan.store_url, agent_dir, plan.eval_set.eval_set_id, json.dumps(again), run_id, False,
+            concurrency, f"{len(again)} unusable cached inferences").result()
+        outcomes += [InferenceOutcome.model_validate(v).model_copy(
+            update={"eval_id": item["eval_id"], "repetition": item["repetition"]})
+            for item, v in zip(again, retried, strict=True)]
+    result = freeze_score_publish(plan, run_id=run_id, kind="run", outcomes=outcomes,
+                                  reuse=reuse, force=force, concurrency=concurrency,
+                                  progress=progress)
     progress.advance()  # published
-    return flow_result(repo.open_store(plan.store_url), record_oid)
+    return result

@@ -10,10 +10,9 @@ from prefect import flow, tags
 from prefect.runtime import flow_run
 from pydantic import Field
 
-from evalsnap import repo, runners, stages
+from evalsnap import runners, stages
 from evalsnap.artifacts import RunProgress
 from evalsnap.planning import plan_rescore
-from evalsnap.report import flow_result
 from flows._common import freeze_score_publish
 from flows.evaluate import DEFAULT_STORE
 from tasks._prefect import with_parameter_docs
@@ -58,9 +57,9 @@ def rescore(
                            f"{plan.eval_set.eval_set_id}: rescoring, publish")
     with tags("evalsnap", f"evalset:{plan.eval_set.eval_set_id}"), \
             runners.task_runner_scope(task_runner, dask_address):
-        record_oid = freeze_score_publish(plan, run_id=run_id, kind="rescore",
-                                          outcomes=plan.source_outcomes, reuse=reuse,
-                                          force=force, concurrency=concurrency,
-                                          progress=progress)
+        result = freeze_score_publish(plan, run_id=run_id, kind="rescore",
+                                      outcomes=plan.source_outcomes, reuse=reuse,
+                                      force=force, concurrency=concurrency,
+                                      progress=progress)
     progress.advance()  # published
-    return flow_result(repo.open_store(plan.store_url), record_oid)
+    return result

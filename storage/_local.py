@@ -1,7 +1,8 @@
 """Crash-safe writes on local disk.
 
 A reader must never see a half-written file, so bytes go to a temporary file in the final
-directory (same filesystem), are fsynced, and only then get their final name:
+directory (same filesystem), are fsynced (unless the caller defers durability, see
+``sync``), and only then get their final name:
 
 * write-once objects: ``os.link`` (fails if the name exists, so the first writer wins and
   later writers of the same content do nothing);
@@ -19,7 +20,7 @@ import os
 import secrets
 from pathlib import Path
 
-__all__ = ["TEMP_PREFIX", "write_once", "write_replace"]
+__all__ = ["TEMP_PREFIX", "fsync_paths", "write_once", "write_replace"]
 
 TEMP_PREFIX = ".tmp-"
 
@@ -27,13 +28,18 @@ TEMP_PREFIX = ".tmp-"
 _NO_LINK_ERRNOS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV}
 
 
-def write_once(path: str, data: bytes) -> None:
-    """Create ``path`` with ``data`` unless it exists; safe against concurrent writers."""
+def write_once(path: str, data: bytes, *, sync: bool = True) -> bool:
+    """Create ``path`` with ``data`` unless it exists; safe against concurrent writers.
+
+    Returns whether this call created it. With ``sync=False`` nothing is fsynced: the
+    caller must :func:`fsync_paths` the file and its directory before anything durable
+    points at it (a crash of the process loses nothing; a power cut may).
+    """
     final = Path(path)
     if final.exists():
-        return
+        return False
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _write_temp(final.parent, data)
+    tmp = _write_temp(final.parent, data, sync)
     try:
         try:
             os.link(tmp, final)
@@ -48,24 +54,45 @@ def write_once(path: str, data: bytes) -> None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-    _fsync_dir(final.parent)
+    if sync:
+        _fsync_dir(final.parent)
+    return True
 
 
-def write_replace(path: str, data: bytes) -> None:
+def write_replace(path: str, data: bytes, *, sync: bool = True) -> None:
     """Atomically replace ``path`` with ``data`` (readers see old or new, never a mix)."""
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _write_temp(final.parent, data)
+    tmp = _write_temp(final.parent, data, sync)
     try:
         os.replace(tmp, final)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    _fsync_dir(final.parent)
+    if sync:
+        _fsync_dir(final.parent)
 
 
-def _write_temp(directory: Path, data: bytes) -> Path:
+def fsync_paths(files: list[str], directories: list[str]) -> None:
+    """Make deferred writes durable: each file, then each directory that names them.
+
+    A file that is gone (a ref replaced meanwhile by a durable write) needs nothing.
+    """
+    for name in files:
+        try:
+            fd = os.open(name, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for name in directories:
+        _fsync_dir(Path(name))
+
+
+def _write_temp(directory: Path, data: bytes, sync: bool = True) -> Path:
     tmp = directory / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
     # O_EXCL: never write through a file someone else created; 0o644 is filtered by umask.
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
@@ -73,8 +100,9 @@ def _write_temp(directory: Path, data: bytes) -> Path:
     try:
         with open(fd, "wb", closefd=True) as handle:
             handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+            if sync:
+                handle.flush()
+                os.fsync(handle.fileno())
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

@@ -12,6 +12,21 @@ from typing import Any
 
 from evalsnap import repo
 
+T = typing.TypeVar("T")
+
+
+def as_data(value: T) -> T:
+    """Marks a large task argument as plain data (``prefect.utilities.annotations.quote``).
+
+    Prefect otherwise walks every nested value of every argument, looking for futures to
+    resolve and upstream runs to link: about 1 s per call for a 300-case run's lists. For
+    tasks called in the flow's own process (freeze, publish); a submitted task gets a JSON
+    string instead, since a Dask worker sees the annotation itself in a cache key function.
+    """
+    from prefect.utilities.annotations import quote
+
+    return typing.cast(T, quote(value))
+
 
 def retry_delays() -> list[float]:
     """Backoff between task retries; ``EVALSNAP_RETRY_DELAYS="1,4"`` (seconds) overrides."""
@@ -80,9 +95,10 @@ def _remote_settings(protocol: str, options: dict[str, str]) -> dict[str, Any]:
     return settings
 
 
-def infer_cache_key(context: Any, parameters: dict[str, Any]) -> str:
-    """Namespaced by task: Prefect cache keys are global per result storage."""
-    return f"infer/{repo.hexof(parameters['fingerprint'])}"
+def inference_batch_size() -> int | None:
+    """Cases per inference task (``EVALSNAP_INFER_BATCH``); default: chosen per run."""
+    raw = os.environ.get("EVALSNAP_INFER_BATCH", "").strip()
+    return int(raw) if raw else None
 
 
 def score_cache_key(context: Any, parameters: dict[str, Any]) -> str | None:
@@ -92,16 +108,19 @@ def score_cache_key(context: Any, parameters: dict[str, Any]) -> str | None:
     return f"score/{parameters['metric_name']}/{repo.hexof(parameters['units_digest'])}"
 
 
-def wait_tracked(futures: list[Any], progress: Any = None) -> None:
-    """Waits for every future, advancing the run's progress artifact as each completes."""
+def wait_tracked(futures: list[Any], progress: Any = None,
+                 weights: list[int] | None = None) -> None:
+    """Waits for every future, advancing the run's progress artifact as each completes
+    (by its weight: the number of cases in an inference batch)."""
     from prefect.futures import as_completed
 
+    weight = {id(f): w for f, w in zip(futures, weights or [1] * len(futures), strict=True)}
     for _future in as_completed(futures):
         # wait() pins the engine's final state on the future; without it `future.state`
         # is read back from the API, which can still say RUNNING for a finished task.
         _future.wait()
         if progress is not None:
-            progress.advance()
+            progress.advance(weight[id(_future)])
 
 
 def with_parameter_docs(fn: Any) -> Any:

@@ -7,7 +7,7 @@ from typing import Any
 from google.adk.evaluation.eval_set import EvalSet
 from prefect import task
 
-from evalsnap import stages
+from evalsnap import repo, stages
 from evalsnap.outcomes import InferenceOutcome
 from evalsnap.records import MetricRule
 
@@ -15,7 +15,9 @@ from evalsnap.records import MetricRule
 @task(name="freeze", tags=["evalsnap", "freeze"], persist_result=False)
 def freeze_task(store_url: str, eval_set: dict[str, Any], rules: list[dict[str, Any]],
                 outcomes: list[dict[str, Any]], app_name: str) -> str:
-    return stages.freeze(
+    oid = stages.freeze(
         store_url, EvalSet.model_validate(eval_set),
         [MetricRule.model_validate(r) for r in rules],
         [InferenceOutcome.model_validate(o) for o in outcomes], app_name)
+    repo.open_store(store_url).flush()
+    return oid

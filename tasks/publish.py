@@ -18,7 +18,8 @@ def publish_task(store_url: str, run_id: str, kind: str, snapshot_oid: str,
                  inference: list[dict[str, Any]], units: list[dict[str, Any]], reuse: bool,
                  force: bool, source: str | None = None, skipped_cases: list[str] | None = None,
                  uninferred_cases: list[str] | None = None,
-                 agent_dir: str | None = None) -> str:
+                 agent_dir: str | None = None) -> dict[str, Any]:
+    """Publishes and returns the run's summary (the ``--json`` object)."""
     from evalsnap.adk_history import history_writer
 
     record_oid, record = publishing.publish(
@@ -27,5 +28,6 @@ def publish_task(store_url: str, run_id: str, kind: str, snapshot_oid: str,
         units=[UnitOutcome.model_validate(u) for u in units], reuse=reuse, force=force,
         source=source, skipped_cases=skipped_cases, uninferred_cases=uninferred_cases,
         history_writer=history_writer(store_url, agent_dir))
-    publish_artifacts(summary(repo.open_store(store_url), record_oid, record), store_url)
-    return record_oid
+    result = summary(repo.open_store(store_url), record_oid, record)
+    publish_artifacts(result, store_url)
+    return result

@@ -7,7 +7,7 @@ from typing import Any
 
 from prefect import task
 
-from evalsnap import progress, stages
+from evalsnap import progress, repo, stages
 from tasks._prefect import score_cache_key
 
 
@@ -21,4 +21,5 @@ def score_task(store_url: str, snapshot_oid: str, metric_name: str, units_digest
     outcomes = asyncio.run(stages.score_metric(
         store_url, snapshot_oid, metric_name, config_json, config_where, sys_paths, run_id,
         reuse, force, case_ids, concurrency, on_unit=lambda: progress.advance("scoring")))
+    repo.open_store(store_url).flush()  # what this task wrote is durable before it returns
     return [o.model_dump(mode="json") for o in outcomes]
