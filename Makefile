@@ -18,9 +18,10 @@ demo: $(STAMP)
 	code=$$?; echo "evalsnap exited $$code (0 passed, 1 quality failure, 3 incomplete; the demo has cases designed to fail)"; \
 	test $$code -le 3
 
-## The test suite (starts its own prefect server, moto and fake-gcs-server on 127.0.0.1)
+## The test suite (starts its own prefect server, moto and fake-gcs-server on 127.0.0.1;
+## one set per pytest-xdist worker, one worker per core, at most 4)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --maxprocesses=4
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

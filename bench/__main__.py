@@ -185,8 +185,22 @@ def main() -> None:
     args = parser.parse_args()
     rows = run(args.sizes, args.reps, set(args.scenarios), args.judge_concurrency)
     text = render(rows, args)
-    Path(args.out).write_text(text)
+    Path(args.out).write_text(merge(Path(args.out), text))
     print(text)
+
+
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+
+def merge(out: Path, generated: str) -> str:
+    """The output file with its generated block replaced; text around it (the reading of
+    the numbers) is kept. A file without the markers is replaced whole."""
+    block = f"{BEGIN}\n{generated}{END}\n"
+    old = out.read_text() if out.exists() else ""
+    if BEGIN in old and END in old:
+        head, rest = old.split(BEGIN, 1)
+        return head + block + rest.split(END, 1)[1].lstrip("\n")
+    return block
 
 
 if __name__ == "__main__":

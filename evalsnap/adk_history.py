@@ -8,9 +8,10 @@ Import: existing ADK ``*.evalset_result.json`` files become records of kind ``im
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +48,36 @@ HISTORY_SUFFIX = ".evalset_result.json"
 
 def to_eval_set_result(store: Any, record: EvaluationRecord) -> EvalSetResult:
     """Builds ADK's result model from a record (first repetition of each case)."""
+    return create_eval_set_result(record.app_name, record.eval_set_id,
+                                  list(iter_eval_case_results(store, record)))
+
+
+def eval_set_result_json(store: Any, record: EvaluationRecord) -> tuple[str, bytes]:
+    """(result name, the JSON of :func:`to_eval_set_result`), built one case at a time.
+
+    Only one case's ADK models exist at once (with its whole conversation, twice): the
+    full model of a 3,000-case run took hundreds of MB.
+    """
+    head = create_eval_set_result(record.app_name, record.eval_set_id, [])
+    fields = head.model_dump(mode="json")
+    fields.pop("eval_case_results")
+    cases = ",".join(case.model_dump_json() for case in iter_eval_case_results(store, record))
+    body = json.dumps(fields, ensure_ascii=False)[:-1] + f', "eval_case_results": [{cases}]}}'
+    return head.eval_set_result_name or head.eval_set_result_id, body.encode()
+
+
+def iter_eval_case_results(store: Any, record: EvaluationRecord) -> Iterator[EvalCaseResult]:
+    """ADK's per-case results of a record, one case at a time."""
     snapshot = repo.get_snapshot(store, record.snapshot_oid) if record.snapshot_oid else None
-    cases: list[EvalCaseResult] = []
     frozen = {(c.eval_id, c.repetition): c for c in snapshot.cases} if snapshot else {}
+    units_of: dict[str, list[UnitRef]] = {}
+    for u in record.units:
+        if u.repetition == 0:
+            units_of.setdefault(u.eval_id, []).append(u)
     for inf in record.inference:
         if inf.repetition != 0:
             continue
-        units = [u for u in record.units if u.eval_id == inf.eval_id and u.repetition == 0]
+        units = units_of.get(inf.eval_id, [])
         inference = repo.get_inference(store, inf.inference_oid)
         fc = frozen.get((inf.eval_id, 0))
         reference = EvalCase.model_validate(fc.reference) if fc else None
@@ -79,13 +103,12 @@ def to_eval_set_result(store: Any, record: EvaluationRecord) -> EvalSetResult:
                         score=row.score, eval_status=EvalStatus[row.status], **common))
         final = (EvalStatus.FAILED if "FAILED" in statuses or not inference.ok
                  else EvalStatus.PASSED if "PASSED" in statuses else EvalStatus.NOT_EVALUATED)
-        cases.append(EvalCaseResult(
+        yield EvalCaseResult(
             eval_set_file=record.eval_set_id, eval_set_id=record.eval_set_id,
             eval_id=inf.eval_id, final_eval_status=final, overall_eval_metric_results=overall,
             eval_metric_result_per_invocation=per_inv, session_id="",
             user_id=reference.session_input.user_id if reference and reference.session_input
-            else "test_user_id"))
-    return create_eval_set_result(record.app_name, record.eval_set_id, cases)
+            else "test_user_id")
 
 
 def _write_local(directory: Path, name: str, data: bytes) -> str:
@@ -106,9 +129,7 @@ def history_writer(store_url: str, agent_dir: str | None) -> Callable[[Evaluatio
 
     def write(record: EvaluationRecord) -> str:
         store = repo.open_store(store_url)
-        result = to_eval_set_result(store, record)
-        data = result.model_dump_json(indent=2).encode()
-        name = result.eval_set_result_name or result.eval_set_result_id
+        name, data = eval_set_result_json(store, record)
         if agent_dir and "://" not in store.url:
             return _write_local(Path(agent_dir) / ".adk" / "eval_history", name, data)
         ns = f"adk_history/{repo.ref_name(record.app_name)}"

@@ -94,7 +94,7 @@ def get_snapshot(store: Store, oid: str) -> Snapshot:
     return _cached_snapshot(store.url, oid)
 
 
-@functools.lru_cache(maxsize=8192)
+@functools.lru_cache(maxsize=4096)
 def _cached_unit(url: str, oid: str) -> ScoreUnit:
     return get(open_store(url), ScoreUnit, oid)
 

@@ -69,12 +69,19 @@ def _start_prefect_server() -> None:
     os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 
 
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    return bool(getattr(config.option, "numprocesses", None)) \
+        and not os.environ.get("PYTEST_XDIST_WORKER")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     os.environ["EVALSNAP_RETRY_DELAYS"] = "0,0"
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     if str(EXAMPLES.parent) not in sys.path:
         sys.path.insert(0, str(EXAMPLES.parent))
+    if _is_xdist_controller(config):
+        return  # each pytest-xdist worker starts its own server; the controller runs no test
     if not os.environ.get("EVALSNAP_TEST_PREFECT_API_URL"):
         _start_prefect_server()
     else:

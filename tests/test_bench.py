@@ -20,3 +20,12 @@ def test_bench_runner_works_at_n30(tmp_path: Path):
     # scenario 3: a --reuse rerun with nothing changed makes no model call at all
     assert '"agent_calls": 0' in row and '"judge_calls": 0' in row
     assert "×" in row  # a ratio against ADK's cold run from the same invocation
+
+
+def test_regenerating_keeps_the_reading_around_the_generated_block(tmp_path):
+    from bench.__main__ import BEGIN, END, merge
+
+    out = tmp_path / "RESULTS.md"
+    assert merge(out, "table v1\n") == f"{BEGIN}\ntable v1\n{END}\n"
+    out.write_text(f"# title\n\n{BEGIN}\ntable v1\n{END}\n\nreading\n")
+    assert merge(out, "table v2\n") == f"# title\n\n{BEGIN}\ntable v2\n{END}\nreading\n"
