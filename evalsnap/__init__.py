@@ -2,8 +2,14 @@
 
 The domain and the command line live here; ``storage`` holds the store, ``tasks`` and
 ``flows`` the Prefect adapters. Import submodules directly (``evalsnap.stages``,
-``evalsnap.records``…); nothing heavy is imported by this package itself.
+``evalsnap.records``…); nothing heavy is imported by this package itself. Importing it
+defers two heavy optional imports of ADK's evaluation package until they are used
+(``evalsnap._lazy``).
 """
+
+from evalsnap import _lazy
+
+_lazy.install()
 
 __version__ = "0.1.0"
 

@@ -6,7 +6,7 @@ import datetime as dt
 import json
 from typing import Annotated, Any
 
-from prefect import flow, get_run_logger, tags
+from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from prefect.states import State
 from pydantic import Field
@@ -21,6 +21,7 @@ from tasks import infer_task
 from tasks._prefect import (
     inference_batch_size,
     result_storage_for,
+    tag_flow_run,
     wait_tracked,
     with_parameter_docs,
 )
@@ -76,8 +77,8 @@ def evaluate(
     """Runs the agent on every case, freezes a snapshot, scores each metric, publishes."""
     plan = plan_run(agent_dir, evalset, config, store, metrics, cases, repetitions)
     run_id = stages.new_run_id()
-    with tags("evalsnap", f"evalset:{plan.eval_set.eval_set_id}"), \
-            runners.task_runner_scope(task_runner, dask_address):
+    tag_flow_run("evalsnap", f"evalset:{plan.eval_set.eval_set_id}")
+    with runners.task_runner_scope(task_runner, dask_address):
         return _evaluate(plan, run_id, reuse=reuse, force=force, concurrency=concurrency)
 
 

@@ -6,7 +6,7 @@ import datetime as dt
 from pathlib import Path
 from typing import Annotated, Any
 
-from prefect import flow, tags
+from prefect import flow
 from prefect.runtime import flow_run
 from pydantic import Field
 
@@ -15,7 +15,7 @@ from evalsnap.artifacts import RunProgress
 from evalsnap.planning import plan_rescore
 from flows._common import freeze_score_publish
 from flows.evaluate import DEFAULT_STORE
-from tasks._prefect import with_parameter_docs
+from tasks._prefect import tag_flow_run, with_parameter_docs
 
 
 def _run_name() -> str:
@@ -55,8 +55,8 @@ def rescore(
     run_id = stages.new_run_id()
     progress = RunProgress(len(plan.metric_names) + 1,
                            f"{plan.eval_set.eval_set_id}: rescoring, publish")
-    with tags("evalsnap", f"evalset:{plan.eval_set.eval_set_id}"), \
-            runners.task_runner_scope(task_runner, dask_address):
+    tag_flow_run("evalsnap", f"evalset:{plan.eval_set.eval_set_id}")
+    with runners.task_runner_scope(task_runner, dask_address):
         result = freeze_score_publish(plan, run_id=run_id, kind="rescore",
                                       outcomes=plan.source_outcomes, reuse=reuse,
                                       force=force, concurrency=concurrency,

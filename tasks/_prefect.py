@@ -28,6 +28,33 @@ def as_data(value: T) -> T:
     return typing.cast(T, quote(value))
 
 
+def tag_flow_run(*names: str) -> None:
+    """Adds tags to the running flow run (one API call), for filtering runs in the UI.
+
+    Task runs carry no tags on purpose: Prefect asks the API for a tag-concurrency lease
+    before every tagged task run, which under a busy local API took up to 2 s per task.
+    Model calls are limited by the global limits in :mod:`evalsnap.runners` instead.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    if ctx is None or ctx.flow_run is None:
+        return
+    current = list(ctx.flow_run.tags or [])
+    merged = current + [n for n in names if n not in current]
+    if merged == current:
+        return
+    try:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(ctx.flow_run.id, tags=merged)
+        ctx.flow_run.tags = merged
+    except Exception as exc:  # noqa: BLE001 - tags are for the UI; the run goes on
+        import logging
+
+        logging.getLogger(__name__).warning("could not tag the flow run: %s", exc)
+
+
 def retry_delays() -> list[float]:
     """Backoff between task retries; ``EVALSNAP_RETRY_DELAYS="1,4"`` (seconds) overrides."""
     raw = os.environ.get("EVALSNAP_RETRY_DELAYS", "1,4")

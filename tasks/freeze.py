@@ -12,7 +12,7 @@ from evalsnap.outcomes import InferenceOutcome
 from evalsnap.records import MetricRule
 
 
-@task(name="freeze", tags=["evalsnap", "freeze"], persist_result=False)
+@task(name="freeze", persist_result=False)
 def freeze_task(store_url: str, eval_set: dict[str, Any], rules: list[dict[str, Any]],
                 outcomes: list[dict[str, Any]], app_name: str) -> str:
     oid = stages.freeze(

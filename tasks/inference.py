@@ -47,8 +47,7 @@ def _earlier_success(store_url: str, fingerprint: str, run_id: str) -> tuple[str
 
 
 @task(name="inference", task_run_name="infer {label}", cache_key_fn=batch_cache_key,
-      persist_result=True, retries=retries(), retry_delay_seconds=retry_delays(),
-      tags=["evalsnap", "inference"])
+      persist_result=True, retries=retries(), retry_delay_seconds=retry_delays())
 def infer_task(store_url: str, agent_dir: str, eval_set_id: str, items_json: str,
                run_id: str, reuse: bool, concurrency: int = 8,
                label: str = "") -> list[dict[str, Any]]:

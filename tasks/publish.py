@@ -13,7 +13,7 @@ from evalsnap.outcomes import InferenceOutcome, UnitOutcome
 from evalsnap.report import summary
 
 
-@task(name="publish", tags=["evalsnap", "publish"], persist_result=False)
+@task(name="publish", persist_result=False)
 def publish_task(store_url: str, run_id: str, kind: str, snapshot_oid: str,
                  inference: list[dict[str, Any]], units: list[dict[str, Any]], reuse: bool,
                  force: bool, source: str | None = None, skipped_cases: list[str] | None = None,

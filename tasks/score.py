@@ -12,7 +12,7 @@ from tasks._prefect import score_cache_key
 
 
 @task(name="score", task_run_name="score {metric_name}", cache_key_fn=score_cache_key,
-      persist_result=True, tags=["evalsnap", "scoring"])
+      persist_result=True)
 def score_task(store_url: str, snapshot_oid: str, metric_name: str, units_digest: str,
                config_json: str, config_where: str, sys_paths: list[str], run_id: str,
                reuse: bool, force: bool, case_ids: list[str] | None = None,

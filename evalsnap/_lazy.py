@@ -1,0 +1,68 @@
+"""Deferred imports of heavy optional dependencies of ADK's evaluation package.
+
+``google.adk.evaluation.metric_evaluator_registry`` imports every evaluator module, and two
+of them import big libraries at module level that they only use when a metric of theirs
+actually scores: the Vertex AI SDK (``agentplatform``, ``vertexai``: ~2.5 s) for the Vertex-based metrics,
+and ``nltk`` through ``rouge_score`` (~1.7 s) for ``response_match_score``. That was most
+of a ``--reuse`` or ``rescore`` run's start-up, where nothing scores with them.
+
+:func:`install` registers each such module as a :class:`DeferredModule`: the module
+object exists at once (``import x`` and ``from pkg import x`` succeed), and its code runs in
+full, into that same object, on the first access to a name it defines, so behaviour is
+unchanged, only later. (The standard library's ``LazyLoader`` cannot do this on Python
+3.11: the import statement itself reads ``__spec__`` and so loads the module.) It does
+nothing for a module already imported or not installed; ``EVALSNAP_LAZY_IMPORTS=0`` turns
+it off.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import types
+from typing import Any
+
+#: Modules used only when a metric of theirs runs (see the module docstring).
+LAZY_MODULES = ("agentplatform", "vertexai", "rouge_score.rouge_scorer", "rouge_score.tokenizers")
+
+
+class DeferredModule(types.ModuleType):
+    """A module whose code runs on the first lookup of a name it does not have yet."""
+
+    def __getattr__(self, attr: str) -> Any:
+        state = self.__dict__
+        spec = state.get("__spec__")
+        if state.get("_evalsnap_loading") or spec is None or spec.loader is None:
+            raise AttributeError(f"module {self.__name__!r} has no attribute {attr!r}")
+        state["_evalsnap_loading"] = True
+        try:
+            spec.loader.exec_module(self)
+        finally:
+            del state["_evalsnap_loading"]
+            object.__setattr__(self, "__class__", types.ModuleType)  # an ordinary module now
+        return getattr(self, attr)
+
+
+def install(names: tuple[str, ...] = LAZY_MODULES) -> list[str]:
+    """Registers each module as a :class:`DeferredModule`; returns the names it registered."""
+    if os.environ.get("EVALSNAP_LAZY_IMPORTS", "1").strip().lower() in ("0", "false", "no"):
+        return []
+    done = []
+    for name in names:
+        if name in sys.modules:
+            continue
+        try:
+            spec = importlib.util.find_spec(name)  # imports the parent package, if any
+        except (ImportError, ValueError):
+            continue
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            continue
+        module = importlib.util.module_from_spec(spec)
+        module.__class__ = DeferredModule
+        sys.modules[name] = module
+        parent, _, child = name.rpartition(".")
+        if parent and parent in sys.modules:
+            setattr(sys.modules[parent], child, module)
+        done.append(name)
+    return done

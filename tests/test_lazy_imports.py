@@ -1,0 +1,42 @@
+"""evalsnap defers ADK's heavy optional imports (Vertex AI SDK, nltk) until first use."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+PROBE = """
+import sys, evalsnap, evalsnap.planning
+deferred = sorted(n for n in ("agentplatform", "vertexai", "rouge_score.rouge_scorer")
+                  if type(sys.modules.get(n)).__name__ == "DeferredModule")
+print("deferred", deferred, "aiplatform" , "google.cloud.aiplatform" in sys.modules)
+from google.adk.dependencies.rouge_scorer import rouge_scorer, tokenizers
+print("rouge", rouge_scorer.RougeScorer(["rouge1"]).score("a b", "a c")["rouge1"].fmeasure)
+print("tokenizer", type(tokenizers.DefaultTokenizer(True)).__name__)
+from google.adk.dependencies.vertexai import vertexai
+print("vertexai", hasattr(vertexai.types, "PrebuiltMetric"), type(sys.modules["vertexai"]).__name__)
+"""
+
+
+def _probe(env: dict[str, str] | None = None) -> str:
+    proc = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_heavy_modules_load_only_when_used_and_then_work():
+    out = _probe()
+    assert "deferred ['agentplatform', 'rouge_score.rouge_scorer', 'vertexai'] aiplatform False" \
+        in out
+    assert "rouge 0.5" in out and "tokenizer DefaultTokenizer" in out
+    assert "vertexai True module" in out  # loaded on first use, a plain module after
+
+
+def test_can_be_switched_off():
+    import os
+
+    out = _probe({**os.environ, "EVALSNAP_LAZY_IMPORTS": "0"})
+    assert "deferred [] aiplatform True" in out
