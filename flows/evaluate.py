@@ -109,17 +109,22 @@ def _evaluate(plan: Plan, run_id: str, *, reuse: bool, force: bool,
                               json.dumps(chunk), run_id, reuse, concurrency, label)
         submitted.append((chunk, future))
     wait_tracked([f for _, f in submitted], progress, weights=[len(c) for c, _ in submitted])
+
+    def failed(chunk: list[dict[str, Any]], state: State) -> list[InferenceOutcome]:
+        """A batch task that failed as a whole: each of its cases is a failed inference."""
+        message, _ = _failure_message(state)
+        logger.warning("inference task for %d cases failed: %s", len(chunk), message)
+        return [stages.failed_inference(
+            plan.store_url, agent_dir, item["case"], plan.eval_set.eval_set_id,
+            item["repetition"], run_id, message, attempts=(infer.retries or 0) + 1)
+            for item in chunk]
+
     outcomes: list[InferenceOutcome] = []
     again: list[dict[str, Any]] = []
     for chunk, future in submitted:
         state = future.state
         if not state.is_completed():
-            message, _ = _failure_message(state)
-            logger.warning("inference task for %d cases failed: %s", len(chunk), message)
-            outcomes += [stages.failed_inference(
-                plan.store_url, agent_dir, item["case"], plan.eval_set.eval_set_id,
-                item["repetition"], run_id, message, attempts=(infer.retries or 0) + 1)
-                for item in chunk]
+            outcomes += failed(chunk, state)
             continue
         for item, value in zip(chunk, future.result(), strict=True):
             # Identical inputs share one inference (same fingerprint): the case identity
@@ -137,12 +142,16 @@ def _evaluate(plan: Plan, run_id: str, *, reuse: bool, force: bool,
                 continue
             outcomes.append(outcome)
     if again:
-        retried = infer.with_options(refresh_cache=True).submit(
+        future = infer.with_options(refresh_cache=True).submit(
             plan.store_url, agent_dir, plan.eval_set.eval_set_id, json.dumps(again), run_id, False,
-            concurrency, f"{len(again)} unusable cached inferences").result()
-        outcomes += [InferenceOutcome.model_validate(v).model_copy(
-            update={"eval_id": item["eval_id"], "repetition": item["repetition"]})
-            for item, v in zip(again, retried, strict=True)]
+            concurrency, f"{len(again)} unusable cached inferences")
+        future.wait()
+        if future.state.is_completed():
+            outcomes += [InferenceOutcome.model_validate(v).model_copy(
+                update={"eval_id": item["eval_id"], "repetition": item["repetition"]})
+                for item, v in zip(again, future.result(), strict=True)]
+        else:
+            outcomes += failed(again, future.state)
     result = freeze_score_publish(plan, run_id=run_id, kind="run", outcomes=outcomes,
                                   reuse=reuse, force=force, concurrency=concurrency,
                                   progress=progress)
