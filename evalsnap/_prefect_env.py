@@ -86,19 +86,8 @@ def wait_for_ephemeral_api(timeout: float = 90.0) -> None:
     """Blocks until the server started by ``prestart_ephemeral_api`` answers."""
     if _server is None or _api_url is None:
         return
-    import time
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if _server.poll() is not None:
-            break
-        try:
-            with urllib.request.urlopen(_api_url + "/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
+    if wait_healthy(_api_url, _server, timeout):
+        return
     from evalsnap.errors import EvalsnapError
 
     _stop_server()
@@ -106,3 +95,22 @@ def wait_for_ephemeral_api(timeout: float = 90.0) -> None:
         f"the temporary Prefect API did not start within {timeout:.0f} s (exit code "
         f"{_server.poll()}); run `prefect server start` and set PREFECT_API_URL, or check "
         "PREFECT_HOME is writable.")
+
+
+def wait_healthy(api_url: str, process: Any, timeout: float) -> bool:
+    """Polls ``<api_url>/health`` until it answers 200 (True), ``process`` exits or
+    ``timeout`` seconds pass (False)."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(api_url + "/health", timeout=2) as response:
+                if response.status == 200:
+                    return True
+        except OSError:
+            time.sleep(0.1)
+    return False

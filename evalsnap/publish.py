@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -100,16 +101,13 @@ def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
                 readable_cache[oid] = False
         return readable_cache[oid]
 
-    record_of_run: dict[str, str | None] = {}
-
+    @functools.cache
     def record_of(run: str) -> str | None:
         """The record a run published (one manifest read per run, not per unit)."""
-        if run not in record_of_run:
-            try:
-                record_of_run[run] = repo.read_manifest(store, run).record_oid
-            except (EvalsnapError, StorageError):
-                record_of_run[run] = None
-        return record_of_run[run]
+        try:
+            return repo.read_manifest(store, run).record_oid
+        except (EvalsnapError, StorageError):
+            return None
 
     unit_refs = []
     for o in units:

@@ -119,6 +119,12 @@ def _evaluate(plan: Plan, run_id: str, *, reuse: bool, force: bool,
             item["repetition"], run_id, message, attempts=(infer.retries or 0) + 1)
             for item in chunk]
 
+    def outcome_of(item: dict[str, Any], value: dict[str, Any]) -> InferenceOutcome:
+        # Identical inputs share one inference (same fingerprint): the case identity
+        # comes from the submission, not from a cached value.
+        return InferenceOutcome.model_validate(value).model_copy(
+            update={"eval_id": item["eval_id"], "repetition": item["repetition"]})
+
     outcomes: list[InferenceOutcome] = []
     again: list[dict[str, Any]] = []
     for chunk, future in submitted:
@@ -127,10 +133,7 @@ def _evaluate(plan: Plan, run_id: str, *, reuse: bool, force: bool,
             outcomes += failed(chunk, state)
             continue
         for item, value in zip(chunk, future.result(), strict=True):
-            # Identical inputs share one inference (same fingerprint): the case identity
-            # comes from the submission, not from a cached value.
-            outcome = InferenceOutcome.model_validate(value).model_copy(
-                update={"eval_id": item["eval_id"], "repetition": item["repetition"]})
+            outcome = outcome_of(item, value)
             if outcome.run_id != run_id and (outcome.status != "success" or not
                                              stages.inference_usable(plan.store_url,
                                                                      outcome.oid)):
@@ -147,9 +150,8 @@ def _evaluate(plan: Plan, run_id: str, *, reuse: bool, force: bool,
             concurrency, f"{len(again)} unusable cached inferences")
         future.wait()
         if future.state.is_completed():
-            outcomes += [InferenceOutcome.model_validate(v).model_copy(
-                update={"eval_id": item["eval_id"], "repetition": item["repetition"]})
-                for item, v in zip(again, future.result(), strict=True)]
+            outcomes += [outcome_of(item, value)
+                         for item, value in zip(again, future.result(), strict=True)]
         else:
             outcomes += failed(again, future.state)
     result = freeze_score_publish(plan, run_id=run_id, kind="run", outcomes=outcomes,

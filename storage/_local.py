@@ -80,16 +80,9 @@ def fsync_paths(files: list[str], directories: list[str]) -> None:
     A file that is gone (a ref replaced meanwhile by a durable write) needs nothing.
     """
     for name in files:
-        try:
-            fd = os.open(name, os.O_RDONLY)
-        except FileNotFoundError:
-            continue
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(name, strict=True)
     for name in directories:
-        _fsync_dir(Path(name))
+        _fsync(name, strict=False)
 
 
 def _write_temp(directory: Path, data: bytes, sync: bool = True) -> Path:
@@ -112,13 +105,24 @@ def _write_temp(directory: Path, data: bytes, sync: bool = True) -> Path:
 
 def _fsync_dir(directory: Path) -> None:
     """Make the new directory entry durable; a no-op where directories cannot be opened."""
+    _fsync(directory, strict=False)
+
+
+def _fsync(path: str | Path, *, strict: bool) -> None:
+    """fsync one file or directory. A missing one needs nothing; other errors raise only
+    when ``strict`` (some filesystems cannot open or fsync directories)."""
     try:
-        fd = os.open(directory, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
     except OSError:
+        if strict:
+            raise
         return
     try:
         os.fsync(fd)
     except OSError:
-        pass
+        if strict:
+            raise
     finally:
         os.close(fd)

@@ -5,12 +5,15 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import logging
 import os
 import typing
 from pathlib import Path
 from typing import Any
 
 from evalsnap import repo
+
+logger = logging.getLogger(__name__)
 
 T = typing.TypeVar("T")
 
@@ -50,9 +53,7 @@ def tag_flow_run(*names: str) -> None:
             client.update_flow_run(ctx.flow_run.id, tags=merged)
         ctx.flow_run.tags = merged
     except Exception as exc:  # noqa: BLE001 - tags are for the UI; the run goes on
-        import logging
-
-        logging.getLogger(__name__).warning("could not tag the flow run: %s", exc)
+        logger.warning("could not tag the flow run: %s", exc)
 
 
 def retry_delays() -> list[float]:

@@ -16,11 +16,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from evalsnap._prefect_env import wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -51,18 +51,10 @@ def _start_prefect_server() -> None:
         env=env, stdout=subprocess.DEVNULL, stderr=open(Path(_home) / "server.log", "wb"),
         start_new_session=True)
     url = f"http://127.0.0.1:{port}/api"
-    deadline = time.time() + 90
-    while time.time() < deadline:
+    if not wait_healthy(url, _server, timeout=90):
         if _server.poll() is not None:
             raise RuntimeError("prefect server exited: "
                                + (Path(_home) / "server.log").read_text()[-2000:])
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            time.sleep(0.5)
-    else:
         raise RuntimeError("prefect server did not become healthy in 90 s")
     os.environ["PREFECT_API_URL"] = url
     os.environ["PREFECT_HOME"] = _home
