@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import threading
 import types
 from typing import Any
 
@@ -31,17 +32,57 @@ class DeferredModule(types.ModuleType):
     """A module whose code runs on the first lookup of a name it does not have yet."""
 
     def __getattr__(self, attr: str) -> Any:
-        state = self.__dict__
-        spec = state.get("__spec__")
-        if state.get("_evalsnap_loading") or spec is None or spec.loader is None:
+        _load(self)
+        if type(self) is DeferredModule:  # still loading, in this thread (its own code)
             raise AttributeError(f"module {self.__name__!r} has no attribute {attr!r}")
+        return getattr(self, attr)
+
+
+def _load(module: types.ModuleType) -> None:
+    """Runs a deferred module's code once; other threads wait for it instead of failing."""
+    state = module.__dict__
+    lock = state.get("_evalsnap_lock")
+    spec = state.get("__spec__")
+    if lock is None or spec is None or spec.loader is None:
+        return
+    with lock:  # reentrant: the module's own code may look up its names while it runs
+        if type(module) is not DeferredModule or state.get("_evalsnap_loading"):
+            return
         state["_evalsnap_loading"] = True
         try:
-            spec.loader.exec_module(self)
+            spec.loader.exec_module(module)
         finally:
             del state["_evalsnap_loading"]
-            object.__setattr__(self, "__class__", types.ModuleType)  # an ordinary module now
-        return getattr(self, attr)
+            object.__setattr__(module, "__class__", types.ModuleType)  # ordinary from now on
+
+
+#: Deferred modules that a metric needs as soon as it scores (ADK metric name → modules).
+NEEDED_BY_METRIC = {"response_match_score": ("rouge_score.rouge_scorer",
+                                             "rouge_score.tokenizers")}
+
+
+def preload(metric_names: list[str]) -> threading.Thread | None:
+    """Loads, in a background thread, the deferred modules the given metrics will need.
+
+    The CLI calls it while it waits for Prefect's temporary API, when this process is idle:
+    the scoring tasks then find the modules loaded instead of loading them on the clock.
+    """
+    wanted = [name for metric in metric_names for name in NEEDED_BY_METRIC.get(metric, ())]
+    modules = [m for m in (sys.modules.get(name) for name in wanted)
+               if type(m) is DeferredModule]
+    if not modules:
+        return None
+
+    def run() -> None:
+        for module in modules:
+            try:
+                _load(module)
+            except Exception:  # noqa: BLE001 - the first real use reports it
+                return
+
+    thread = threading.Thread(target=run, name="evalsnap-preload", daemon=True)
+    thread.start()
+    return thread
 
 
 def install(names: tuple[str, ...] = LAZY_MODULES) -> list[str]:
@@ -60,6 +101,7 @@ def install(names: tuple[str, ...] = LAZY_MODULES) -> list[str]:
             continue
         module = importlib.util.module_from_spec(spec)
         module.__class__ = DeferredModule
+        module.__dict__["_evalsnap_lock"] = threading.RLock()
         sys.modules[name] = module
         parent, _, child = name.rpartition(".")
         if parent and parent in sys.modules:

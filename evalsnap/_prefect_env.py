@@ -22,6 +22,22 @@ def apply_defaults() -> None:
 
 _server: Any = None
 _api_url: str | None = None
+_ready: Any = None  # the thread that waits for the server and warms it up
+_healthy: list[bool] = []
+
+# Commands that run a flow; the CLI starts the API for them before its own heavy imports.
+FLOW_COMMANDS = frozenset({"run", "rescore"})
+
+
+def prestart_for_command(argv: list[str]) -> None:
+    """Starts the temporary API at once when ``argv`` asks the CLI for a flow command.
+
+    Called first thing by ``evalsnap.cli``, so that the server's seconds of start-up
+    overlap with all of the CLI's imports (ADK, Prefect), not only the later ones.
+    """
+    args = argv[1:]
+    if args and args[0] in FLOW_COMMANDS and not {"--help", "-h"} & set(args):
+        prestart_ephemeral_api()
 
 
 def _free_port() -> int:
@@ -42,7 +58,7 @@ def prestart_ephemeral_api() -> None:
     ``PREFECT_API_URL`` is set for this process before Prefect is imported; the server is
     stopped by PID when the process exits.
     """
-    global _server, _api_url
+    global _server, _api_url, _ready
     if _server is not None or os.environ.get("PREFECT_API_URL"):
         return
     if os.environ.get("PREFECT_SERVER_EPHEMERAL_ENABLED", "").lower() in ("0", "false"):
@@ -67,6 +83,26 @@ def prestart_ephemeral_api() -> None:
     atexit.register(_stop_server)
     _api_url = f"http://127.0.0.1:{port}/api"
     os.environ["PREFECT_API_URL"] = _api_url
+    import threading
+
+    _ready = threading.Thread(target=_wait_and_warm, args=(_api_url, _server),
+                              name="evalsnap-api-start", daemon=True)
+    _ready.start()
+
+
+def _wait_and_warm(api_url: str, process: Any, timeout: float = 90.0) -> None:
+    """Waits for the server, then sends it one API request: the first request after start-up
+    takes ~0.5 s (the server's lazy set-up), which then overlaps with this process's work."""
+    import urllib.request
+
+    healthy = wait_healthy(api_url, process, timeout)
+    if healthy:
+        try:
+            with urllib.request.urlopen(api_url + "/admin/version", timeout=30) as response:
+                response.read()
+        except OSError:
+            pass  # only a warm-up: the flow's own first call reports real problems
+    _healthy.append(healthy)
 
 
 def _stop_server() -> None:
@@ -82,11 +118,21 @@ def _stop_server() -> None:
         _server.wait()
 
 
+def preload_flow_engine() -> None:
+    """Imports what a flow's first call would import (Prefect's flow and task engines, and
+    FastAPI's encoder for the flow's parameters, ~0.5 s), so that it happens while the
+    temporary API starts rather than after."""
+    import fastapi.encoders  # noqa: F401
+    import prefect.flow_engine  # noqa: F401
+    import prefect.task_engine  # noqa: F401
+
+
 def wait_for_ephemeral_api(timeout: float = 90.0) -> None:
     """Blocks until the server started by ``prestart_ephemeral_api`` answers."""
-    if _server is None or _api_url is None:
+    if _server is None or _api_url is None or _ready is None:
         return
-    if wait_healthy(_api_url, _server, timeout):
+    _ready.join(timeout)
+    if _healthy and _healthy[-1]:
         return
     from evalsnap.errors import EvalsnapError
 

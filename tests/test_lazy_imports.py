@@ -40,3 +40,28 @@ def test_can_be_switched_off():
 
     out = _probe({**os.environ, "EVALSNAP_LAZY_IMPORTS": "0"})
     assert "deferred [] aiplatform True" in out
+
+
+PRELOAD = """
+import sys, threading, evalsnap, evalsnap.planning
+from evalsnap import _lazy
+module = sys.modules["rouge_score.rouge_scorer"]
+assert type(module).__name__ == "DeferredModule"
+print("none for others", _lazy.preload(["tool_trajectory_avg_score"]) is None)
+thread = _lazy.preload(["response_match_score"])
+# Another thread uses the module while the preload may still be running it: it waits,
+# it never sees a half-loaded module.
+from google.adk.dependencies.rouge_scorer import rouge_scorer
+print("rouge", rouge_scorer.RougeScorer(["rouge1"]).score("a b", "a c")["rouge1"].fmeasure)
+thread.join(120)
+print("loaded", type(module).__name__, not thread.is_alive())
+"""
+
+
+def test_preload_loads_what_a_metric_needs_in_the_background():
+    proc = subprocess.run([sys.executable, "-c", PRELOAD], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "none for others True" in proc.stdout
+    assert "rouge 0.5" in proc.stdout
+    assert "loaded module True" in proc.stdout

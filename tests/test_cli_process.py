@@ -1,0 +1,58 @@
+"""The CLI as a process of its own: Prefect's temporary API, output and a clean exit.
+
+Every other CLI test talks to the session's ``prefect server``; this one leaves
+``PREFECT_API_URL`` unset, as the README's demo does, so the CLI starts and stops its own
+temporary API.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from tests.conftest import EXAMPLES, run_cli
+
+
+def _processes_with(marker: str) -> list[int]:
+    """PIDs whose environment holds ``marker`` (children inherit the CLI's environment)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in environ:
+            found.append(int(entry.name))
+    return found
+
+
+def test_run_on_the_temporary_api_prints_everything_and_leaves_no_process(tmp_path: Path):
+    agent = tmp_path / "shop_agent"
+    shutil.copytree(EXAMPLES / "shop_agent", agent,
+                    ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    marker = f"EVALSNAP_TEST_MARK={uuid.uuid4().hex}"
+    env = {"PREFECT_API_URL": "", "PREFECT_HOME": str(tmp_path / "prefect-home"),
+           marker.split("=")[0]: marker.split("=")[1]}
+    result = run_cli("run", str(agent), str(agent / "shop.evalset.json"), "--store",
+                     str(tmp_path / "store"), "--json", env=env)
+    assert result.code == 3, result.stderr[-3000:]  # the demo has cases designed to fail
+    summary = result.json  # exactly one complete JSON line, flushed before the fast exit
+    assert summary["exit_code"] == 3 and summary["agent_calls"] > 0
+    assert (tmp_path / "prefect-home" / "prefect.db").exists()  # its own API, not the tests'
+    assert _processes_with(marker) == []  # the temporary API was stopped, by PID
+
+    shown = run_cli("show", summary["record_id"], "--store", str(tmp_path / "store"),
+                    "--json", env=env)
+    assert shown.code == 0 and shown.json["record_id"] == summary["record_id"]
+
+
+def test_usage_errors_keep_their_exit_code_and_message(tmp_path: Path):
+    result = run_cli("run", str(tmp_path / "missing"), str(tmp_path / "x.evalset.json"),
+                     env={"PREFECT_API_URL": "", "PREFECT_HOME": str(tmp_path / "home")})
+    assert result.code == 2
+    assert "error:" in result.stderr
+    assert os.environ.get("PREFECT_API_URL")  # the session's server is untouched
