@@ -21,6 +21,7 @@ Model-call limits
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import threading
@@ -141,27 +142,45 @@ def limit_name(kind: ModelKind) -> str | None:
 
 _known: dict[str, tuple[float, bool]] = {}
 _known_lock = threading.Lock()
+_lookup_lock = threading.Lock()
 
 
 async def _limit_exists(name: str) -> bool:
     """Asks the server once a minute per process, so a missing limit costs no call per task
     and logs no warning per task (Prefect's non-strict mode warns on every acquisition)."""
+    cached = _cached_limit(name)
+    if cached is not None:
+        return cached
+    # One lookup for all the threads and coroutines that get here at once (the first calls
+    # of every scoring task start together); the others wait for its answer.
+    return await asyncio.to_thread(_lookup_limit, name)
+
+
+def _cached_limit(name: str) -> bool | None:
     with _known_lock:
         cached = _known.get(name)
     if cached is not None and time.monotonic() - cached[0] < _LIMIT_TTL:
         return cached[1]
+    return None
+
+
+def _lookup_limit(name: str) -> bool:
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 
-    try:
-        async with get_client() as client:
-            limit = await client.read_global_concurrency_limit_by_name(name)
-        exists = bool(getattr(limit, "active", True))
-    except ObjectNotFound:
-        exists = False
-    with _known_lock:
-        _known[name] = (time.monotonic(), exists)
-    return exists
+    with _lookup_lock:
+        cached = _cached_limit(name)
+        if cached is not None:
+            return cached
+        try:
+            with get_client(sync_client=True) as client:
+                limit = client.read_global_concurrency_limit_by_name(name)
+            exists = bool(getattr(limit, "active", True))
+        except ObjectNotFound:
+            exists = False
+        with _known_lock:
+            _known[name] = (time.monotonic(), exists)
+        return exists
 
 
 def _in_prefect_run() -> bool:

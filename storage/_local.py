@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
-import secrets
-from pathlib import Path
 
 __all__ = ["TEMP_PREFIX", "fsync_paths", "write_once", "write_replace"]
 
@@ -35,43 +34,41 @@ def write_once(path: str, data: bytes, *, sync: bool = True) -> bool:
     caller must :func:`fsync_paths` the file and its directory before anything durable
     points at it (a crash of the process loses nothing; a power cut may).
     """
-    final = Path(path)
-    if final.exists():
+    if os.path.exists(path):
         return False
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _write_temp(final.parent, data, sync)
+    directory = os.path.dirname(path)
+    tmp = _write_temp(directory, data, sync)
     try:
         try:
-            os.link(tmp, final)
+            os.link(tmp, path)
         except FileExistsError:
-            pass  # another writer stored the same content first
+            return False  # another writer stored the same content first
         except OSError as exc:
             if exc.errno not in _NO_LINK_ERRNOS:
                 raise
             # No hard links here: a rename is still atomic, and replacing a content-addressed
             # file with the same content is harmless.
-            os.replace(tmp, final)
+            os.replace(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
     if sync:
-        _fsync_dir(final.parent)
+        _fsync(directory, strict=False)
     return True
 
 
 def write_replace(path: str, data: bytes, *, sync: bool = True) -> None:
     """Atomically replace ``path`` with ``data`` (readers see old or new, never a mix)."""
-    final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _write_temp(final.parent, data, sync)
+    directory = os.path.dirname(path)
+    tmp = _write_temp(directory, data, sync)
     try:
-        os.replace(tmp, final)
+        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
     if sync:
-        _fsync_dir(final.parent)
+        _fsync(directory, strict=False)
 
 
 def fsync_paths(files: list[str], directories: list[str]) -> None:
@@ -85,11 +82,23 @@ def fsync_paths(files: list[str], directories: list[str]) -> None:
         _fsync(name, strict=False)
 
 
-def _write_temp(directory: Path, data: bytes, sync: bool = True) -> Path:
-    tmp = directory / f"{TEMP_PREFIX}{secrets.token_hex(8)}"
+_temp_ids = itertools.count()
+
+
+def _write_temp(directory: str, data: bytes, sync: bool = True) -> str:
+    """Write ``data`` to a new temporary file in ``directory`` (created if missing)."""
     # O_EXCL: never write through a file someone else created; 0o644 is filtered by umask.
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-    fd = os.open(tmp, flags, 0o644)
+    while True:
+        # unique in this process; the pid keeps processes apart, O_EXCL catches the rest
+        tmp = os.path.join(directory, f"{TEMP_PREFIX}{os.getpid()}-{next(_temp_ids)}")
+        try:
+            fd = os.open(tmp, flags, 0o644)
+            break
+        except FileExistsError:
+            continue  # a leftover of a crashed process that had the same pid
+        except FileNotFoundError:
+            os.makedirs(directory, exist_ok=True)  # first write into this directory
     try:
         with open(fd, "wb", closefd=True) as handle:
             handle.write(data)
@@ -103,12 +112,7 @@ def _write_temp(directory: Path, data: bytes, sync: bool = True) -> Path:
     return tmp
 
 
-def _fsync_dir(directory: Path) -> None:
-    """Make the new directory entry durable; a no-op where directories cannot be opened."""
-    _fsync(directory, strict=False)
-
-
-def _fsync(path: str | Path, *, strict: bool) -> None:
+def _fsync(path: str, *, strict: bool) -> None:
     """fsync one file or directory. A missing one needs nothing; other errors raise only
     when ``strict`` (some filesystems cannot open or fsync directories)."""
     try:

@@ -153,13 +153,10 @@ class Store:
         what = f"writing {self._url(rel)}"
         created = True
         if self._b.protocol == "file":
-            path = self._path(rel)
-            created = not os.path.exists(path)
-            if created:
-                self._local(_local.write_once, rel, data, what)
-            elif self._durability == "batch":
+            created = self._local(_local.write_once, rel, data, what)
+            if not created and self._durability == "batch":
                 # it existed: another process may not have flushed it yet
-                self._deferred(path)
+                self._deferred(self._path(rel))
         else:
             try:
                 self._b.call(what, "pipe_file", self._path(rel), data, mode="create",
@@ -337,14 +334,16 @@ class Store:
             pass  # may use objects without reading bucket metadata; real calls will tell
 
     def _local(self, write: Callable[..., Any], rel: str, data: bytes, what: str,
-               durable: bool = False) -> None:
+               durable: bool = False) -> Any:
+        """Runs a local ``write`` (see :mod:`storage._local`) and returns what it returns."""
         sync = durable or self._durability == "each"
         try:
-            write(self._path(rel), data, sync=sync)
+            result = write(self._path(rel), data, sync=sync)
         except OSError as exc:
             raise self._b.unavailable(what, exc, self._b.deadline()) from exc
-        if not sync:
+        if not sync and result is not False:  # False: nothing was written
             self._deferred(self._path(rel))
+        return result
 
     def _write_whole(self, rel: str, data: bytes, what: str, durable: bool = False) -> None:
         """Replace a mutable file in one atomic step."""
