@@ -108,3 +108,29 @@ def install(names: tuple[str, ...] = LAZY_MODULES) -> list[str]:
             setattr(sys.modules[parent], child, module)
         done.append(name)
     return done
+
+
+#: ADK modules that its runtime imports inside functions, in ``try/except ImportError``,
+#: for an optional dependency (``a2a``). When that dependency is missing, the import fails
+#: on every call and runs the module's code each time: ``build_node`` did so several
+#: times per agent run (~1 s per 300 runs on the GIL).
+OPTIONAL_IMPORTED_PER_CALL = ("google.adk.agents.remote_a2a_agent",)
+
+
+def remember_missing(names: tuple[str, ...] = OPTIONAL_IMPORTED_PER_CALL) -> list[str]:
+    """Makes a failed optional import fail fast from then on; returns the names it marked.
+
+    It tries each import once; a module whose import raises ``ImportError`` is entered in
+    ``sys.modules`` as ``None``, which Python answers with ``ImportError`` at once (the
+    documented way to block an import), so callers that catch it behave as before.
+    """
+    marked = []
+    for name in names:
+        if name in sys.modules:
+            continue
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            sys.modules[name] = None  # type: ignore[assignment]
+            marked.append(name)
+    return marked

@@ -14,6 +14,7 @@ from google.adk.agents.base_agent import BaseAgent
 from google.adk.apps.app import App
 from google.adk.version import __version__ as ADK_VERSION
 
+from evalsnap import _lazy
 from evalsnap.errors import AgentLoadError, InputFileError
 from evalsnap.fingerprint import fingerprint
 
@@ -98,6 +99,7 @@ def load_agent(agent_dir: str | Path) -> LoadedAgent:
             "__init__.py importing agent.py, which defines root_agent."
         )
     path = ensure_importable(path)
+    _lazy.remember_missing()  # ADK's agent runs retry a missing optional import per call
     try:
         module = importlib.import_module(path.name)
     except Exception as exc:

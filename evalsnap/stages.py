@@ -7,6 +7,7 @@ import functools
 import logging
 import secrets
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -37,8 +38,17 @@ def _agent(agent_dir: str) -> LoadedAgent:
     return load_agent(agent_dir)
 
 
-@functools.lru_cache(maxsize=8)
+_config_lock = threading.Lock()
+
+
 def _config(config_json: str, where: str) -> LoadedConfig:
+    # The metric tasks of a run start together: one resolution, which the others wait for.
+    with _config_lock:
+        return _resolved_config(config_json, where)
+
+
+@functools.lru_cache(maxsize=8)
+def _resolved_config(config_json: str, where: str) -> LoadedConfig:
     import json
 
     return resolve_config(json.loads(config_json), where=where)

@@ -65,3 +65,28 @@ def test_preload_loads_what_a_metric_needs_in_the_background():
     assert "none for others True" in proc.stdout
     assert "rouge 0.5" in proc.stdout
     assert "loaded module True" in proc.stdout
+
+
+MISSING = """
+import sys, importlib.util, evalsnap
+from evalsnap import _lazy
+print("a2a installed", importlib.util.find_spec("a2a") is not None)
+print("marked", _lazy.remember_missing())
+try:
+    from google.adk.agents.remote_a2a_agent import RemoteA2aAgent
+except ImportError as exc:
+    print("still ImportError", type(exc).__name__)
+print("again", _lazy.remember_missing(("json",)))
+"""
+
+
+def test_a_missing_optional_import_fails_fast_and_the_same_way():
+    proc = subprocess.run([sys.executable, "-c", MISSING], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    if "a2a installed True" in proc.stdout:  # then nothing is missing and nothing marked
+        assert "marked []" in proc.stdout
+        return
+    assert "marked ['google.adk.agents.remote_a2a_agent']" in proc.stdout
+    assert "still ImportError ModuleNotFoundError" in proc.stdout
+    assert "again []" in proc.stdout  # an importable module is left alone
