@@ -15,7 +15,6 @@ apply_defaults()
 prestart_for_command(sys.argv)  # before the heavy imports below (ADK, then Prefect)
 
 import typer  # noqa: E402
-
 from rich.console import Console  # noqa: E402
 
 from evalsnap import _lazy, errors, repo  # noqa: E402
@@ -110,13 +109,16 @@ def _progress(enabled: bool, totals: dict[str, int]):
             unsubscribe()
 
 
-def _run_flow(flow_fn: Any, **params: Any) -> dict[str, Any]:
+def _run_flow(flow_fn: Any, metric_names: list[str], **params: Any) -> dict[str, Any]:
     from prefect import settings
 
     from evalsnap._prefect_env import preload_flow_engine, wait_for_ephemeral_api
 
     logging.getLogger("google_adk").setLevel(logging.ERROR)
-    preload_flow_engine()  # while the temporary API is still starting
+    # While the temporary API is still starting: first what the flow's start needs, then,
+    # in the background, what its metrics will (this thread is idle until the API answers).
+    preload_flow_engine()
+    _lazy.preload(metric_names)
     wait_for_ephemeral_api()
     heartbeat = getattr(settings, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY", None)
     if heartbeat is None:
@@ -154,14 +156,14 @@ def run(
         from evalsnap.planning import plan_run
 
         plan = plan_run(agent_dir, evalset, config, store, metric, case, repetitions)
-        _lazy.preload(plan.metric_names)
         from flows.evaluate import evaluate
 
         n_inf = len(plan.case_ids) * repetitions
         with _progress(not as_json and err.is_terminal,
                        {"inference": n_inf, "scoring": n_inf * len(plan.metric_names)}):
-            result = _run_flow(evaluate, agent_dir=agent_dir, evalset=evalset, config=config,
-                               store=store, reuse=reuse, force=force, metrics=metric, cases=case,
+            result = _run_flow(evaluate, plan.metric_names, agent_dir=agent_dir,
+                               evalset=evalset, config=config, store=store, reuse=reuse,
+                               force=force, metrics=metric, cases=case,
                                repetitions=repetitions, task_runner=task_runner,
                                dask_address=dask_address)
     _emit(result, as_json)
@@ -200,13 +202,12 @@ def rescore(
             # custom metrics usually live in the agent package beside the eval set
             paths = [os.path.dirname(os.path.dirname(os.path.abspath(evalset)))]
         plan = plan_rescore(run_or_snapshot, store, evalset, config, metric, case, paths)
-        _lazy.preload(plan.metric_names)
         from flows.rescore import rescore as rescore_flow
 
-        result = _run_flow(rescore_flow, run_or_snapshot=run_or_snapshot, evalset=evalset,
-                           config=config, store=store, reuse=reuse, force=force, metrics=metric,
-                           cases=case, code_paths=paths, task_runner=task_runner,
-                           dask_address=dask_address)
+        result = _run_flow(rescore_flow, plan.metric_names, run_or_snapshot=run_or_snapshot,
+                           evalset=evalset, config=config, store=store, reuse=reuse,
+                           force=force, metrics=metric, cases=case, code_paths=paths,
+                           task_runner=task_runner, dask_address=dask_address)
     _emit(result, as_json)
     raise typer.Exit(result["exit_code"])
 

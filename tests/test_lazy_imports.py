@@ -12,11 +12,15 @@ import sys, evalsnap, evalsnap.planning
 deferred = sorted(n for n in ("agentplatform", "vertexai", "rouge_score.rouge_scorer")
                   if type(sys.modules.get(n)).__name__ == "DeferredModule")
 print("deferred", deferred, "aiplatform" , "google.cloud.aiplatform" in sys.modules)
+print("pandas deferred", type(sys.modules["pandas"]).__name__)
 from google.adk.dependencies.rouge_scorer import rouge_scorer, tokenizers
 print("rouge", rouge_scorer.RougeScorer(["rouge1"]).score("a b", "a c")["rouge1"].fmeasure)
 print("tokenizer", type(tokenizers.DefaultTokenizer(True)).__name__)
 from google.adk.dependencies.vertexai import vertexai
 print("vertexai", hasattr(vertexai.types, "PrebuiltMetric"), type(sys.modules["vertexai"]).__name__)
+import pandas.core.frame  # a submodule first: the package's own code runs before it
+import pandas as pd
+print("pandas", pd.DataFrame({"a": [1, 2]})["a"].sum(), type(sys.modules["pandas"]).__name__)
 """
 
 
@@ -33,6 +37,7 @@ def test_heavy_modules_load_only_when_used_and_then_work():
         in out
     assert "rouge 0.5" in out and "tokenizer DefaultTokenizer" in out
     assert "vertexai True module" in out  # loaded on first use, a plain module after
+    assert "pandas deferred DeferredModule" in out and "pandas 3 module" in out
 
 
 def test_can_be_switched_off():
