@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import itertools
 import os
+import sys
+from typing import Any
 
 __all__ = ["TEMP_PREFIX", "fsync_paths", "write_once", "write_replace"]
 
@@ -74,12 +77,62 @@ def write_replace(path: str, data: bytes, *, sync: bool = True) -> None:
 def fsync_paths(files: list[str], directories: list[str]) -> None:
     """Make deferred writes durable: each file, then each directory that names them.
 
-    A file that is gone (a ref replaced meanwhile by a durable write) needs nothing.
+    A file that is gone (a ref replaced meanwhile by a durable write) needs nothing. On
+    Linux a batch of many files on one filesystem takes a single ``syncfs(2)`` instead,
+    which writes out everything dirty on that filesystem, these files and directories
+    included: ext4 then commits its journal once, not once per fsync (PostgreSQL's
+    ``recovery_init_sync_method=syncfs`` makes the same trade).
     """
+    if len(files) >= SYNCFS_MIN_FILES and _syncfs(directories):
+        return
     for name in files:
         _fsync(name, strict=True)
     for name in directories:
         _fsync(name, strict=False)
+
+
+#: Batches of at least this many files are flushed with one ``syncfs`` where it exists.
+SYNCFS_MIN_FILES = 64
+
+
+@functools.cache
+def _syncfs_call() -> Any:
+    """libc's ``syncfs``, or None (not Linux, or no such symbol)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        call = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int]
+    call.restype = ctypes.c_int
+    return call
+
+
+def _syncfs(directories: list[str]) -> bool:
+    """One ``syncfs`` for the filesystem that holds all of ``directories``; False when it
+    cannot be used here (then the caller fsyncs file by file)."""
+    call = _syncfs_call()
+    if call is None or not directories:
+        return False
+    try:
+        devices = {os.stat(d).st_dev for d in directories}
+    except OSError:
+        return False
+    if len(devices) != 1:
+        return False  # more than one filesystem
+    fd = os.open(directories[0], os.O_RDONLY)
+    try:
+        if call(fd) != 0:  # the GIL is released during the call (ctypes.CDLL)
+            import ctypes
+
+            code = ctypes.get_errno()
+            raise OSError(code, f"syncfs: {os.strerror(code)}", directories[0])
+    finally:
+        os.close(fd)
+    return True
 
 
 _temp_ids = itertools.count()

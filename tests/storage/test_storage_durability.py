@@ -84,3 +84,27 @@ def test_durability_survives_pickling(tmp_path: Path) -> None:
     assert store._durability == "batch"
     with pytest.raises(ValueError, match="durability"):
         Store(str(tmp_path), durability="sometimes")
+
+
+def test_a_large_batch_is_flushed_with_one_syncfs(tmp_path: Path, synced: list[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    real = _local._syncfs_call()
+    if real is None:
+        pytest.skip("no syncfs here (not Linux)")
+    calls: list[str] = []
+
+    def recording(fd: int) -> int:
+        calls.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return int(real(fd))
+
+    monkeypatch.setattr(_local, "_syncfs_call", lambda: recording)
+    store = Store(str(tmp_path), durability="batch")
+    few = [store.put_object("unit", f'{{"few": {i}}}'.encode()) for i in range(3)]
+    store.flush()
+    assert calls == [] and len(synced) >= len(few)  # a small batch: file by file
+    synced.clear()
+    for i in range(_local.SYNCFS_MIN_FILES):
+        store.put_object("unit", f'{{"many": {i}}}'.encode())
+    store.flush()
+    assert len(calls) == 1 and calls[0].startswith(str(tmp_path))
+    assert synced == []  # the one syncfs covered every file and directory
