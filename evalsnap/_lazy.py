@@ -55,9 +55,16 @@ def _load(module: types.ModuleType) -> None:
             state["__path__"] = list(spec.submodule_search_locations)
         try:
             spec.loader.exec_module(module)
+        except BaseException:
+            # Still deferred: the next use runs it again and raises the real error (a
+            # failed background preload must not leave a module without its names).
+            if spec.submodule_search_locations is not None:
+                state.pop("__path__", None)
+            raise
+        else:
+            object.__setattr__(module, "__class__", types.ModuleType)  # ordinary from now on
         finally:
             del state["_evalsnap_loading"]
-            object.__setattr__(module, "__class__", types.ModuleType)  # ordinary from now on
 
 
 #: Deferred modules that a metric needs as soon as it scores (ADK metric name → modules).

@@ -95,3 +95,28 @@ def test_a_missing_optional_import_fails_fast_and_the_same_way():
     assert "marked ['google.adk.agents.remote_a2a_agent']" in proc.stdout
     assert "still ImportError ModuleNotFoundError" in proc.stdout
     assert "again []" in proc.stdout  # an importable module is left alone
+
+
+BROKEN = """
+import sys, evalsnap
+from evalsnap import _lazy
+sys.path.insert(0, sys.argv[1])
+print("registered", _lazy.install(("evalsnap_broken_dep",)))
+module = sys.modules["evalsnap_broken_dep"]
+for attempt in (1, 2):  # e.g. a failed background preload, then the metric's own use
+    try:
+        module.thing
+    except ImportError as exc:
+        print("attempt", attempt, type(exc).__name__, exc)
+"""
+
+
+def test_a_deferred_module_that_fails_to_load_raises_its_real_error_every_time(tmp_path):
+    (tmp_path / "evalsnap_broken_dep.py").write_text(
+        "raise ImportError('needs libfoo; install it')\n")
+    proc = subprocess.run([sys.executable, "-c", BROKEN, str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "registered ['evalsnap_broken_dep']" in proc.stdout
+    assert "attempt 1 ImportError needs libfoo; install it" in proc.stdout
+    assert "attempt 2 ImportError needs libfoo; install it" in proc.stdout
