@@ -109,6 +109,13 @@ def _progress(enabled: bool, totals: dict[str, int]):
             unsubscribe()
 
 
+def _scored_metrics(metric_names: list[str], reuse: bool, force: bool) -> list[str]:
+    """The metrics a run will score, as far as the command line tells: with ``--reuse``
+    (and no ``--force``) most units usually come from earlier runs, and preloading what
+    their metrics would need only competes with the run for the interpreter."""
+    return metric_names if force or not reuse else []
+
+
 def _run_flow(flow_fn: Any, metric_names: list[str], **params: Any) -> dict[str, Any]:
     from prefect import settings
 
@@ -161,7 +168,8 @@ def run(
         n_inf = len(plan.case_ids) * repetitions
         with _progress(not as_json and err.is_terminal,
                        {"inference": n_inf, "scoring": n_inf * len(plan.metric_names)}):
-            result = _run_flow(evaluate, plan.metric_names, agent_dir=agent_dir,
+            result = _run_flow(evaluate, _scored_metrics(plan.metric_names, reuse, force),
+                               agent_dir=agent_dir,
                                evalset=evalset, config=config, store=store, reuse=reuse,
                                force=force, metrics=metric, cases=case,
                                repetitions=repetitions, task_runner=task_runner,
@@ -204,7 +212,8 @@ def rescore(
         plan = plan_rescore(run_or_snapshot, store, evalset, config, metric, case, paths)
         from flows.rescore import rescore as rescore_flow
 
-        result = _run_flow(rescore_flow, plan.metric_names, run_or_snapshot=run_or_snapshot,
+        result = _run_flow(rescore_flow, _scored_metrics(plan.metric_names, reuse, force),
+                           run_or_snapshot=run_or_snapshot,
                            evalset=evalset, config=config, store=store, reuse=reuse,
                            force=force, metrics=metric, cases=case, code_paths=paths,
                            task_runner=task_runner, dask_address=dask_address)
