@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ def test_bench_runner_works_at_n30(tmp_path: Path):
     # scenario 3: a --reuse rerun with nothing changed makes no model call at all
     assert '"agent_calls": 0' in row and '"judge_calls": 0' in row
     assert "×" in row  # a ratio against ADK's cold run from the same invocation
+    assert re.search(r"commit [0-9a-f]{7,}", text)  # results say what code they measured
 
 
 def test_regenerating_keeps_the_reading_around_the_generated_block(tmp_path):
