@@ -46,14 +46,9 @@ from evalsnap.scoring import unit_fingerprint
 HISTORY_SUFFIX = ".evalset_result.json"
 
 
-def to_eval_set_result(store: Any, record: EvaluationRecord) -> EvalSetResult:
-    """Builds ADK's result model from a record (first repetition of each case)."""
-    return create_eval_set_result(record.app_name, record.eval_set_id,
-                                  list(iter_eval_case_results(store, record)))
-
-
 def eval_set_result_json(store: Any, record: EvaluationRecord) -> tuple[str, bytes]:
-    """(result name, the JSON of :func:`to_eval_set_result`), built one case at a time.
+    """(result name, the JSON of ADK's ``EvalSetResult`` for a record: the first repetition
+    of each case), built one case at a time.
 
     Only one case's ADK models exist at once (with its whole conversation, twice): the
     full model of a 3,000-case run took hundreds of MB.

@@ -14,7 +14,6 @@ from evalsnap.agent import LoadedAgent, ensure_importable, load_agent
 from evalsnap.config import LoadedConfig, load_config, resolve_config
 from evalsnap.errors import ConfigError, InputFileError, NotFoundError, UsageError
 from evalsnap.evalset import load_eval_set
-from evalsnap.inference import inference_fingerprint
 from evalsnap.outcomes import InferenceOutcome
 from evalsnap.records import EvaluationRecord, Snapshot
 
@@ -87,12 +86,6 @@ def plan_run(agent_dir: str, evalset: str, config: str | None, store_url: str,
                 repetitions=repetitions, sys_paths=[str(agent_path.parent)])
     _select(plan, metrics, cases)
     return plan
-
-
-def fingerprint_for(plan: Plan, case_id: str, repetition: int) -> str:
-    assert plan.agent is not None
-    case = next(c for c in plan.eval_set.eval_cases if c.eval_id == case_id)
-    return inference_fingerprint(plan.agent.identity, case, repetition)
 
 
 def resolve_snapshot(store: Any, ref: str) -> tuple[str, Snapshot]:

@@ -54,11 +54,6 @@ def summary(store: Any, record_oid: str, record: EvaluationRecord,
     }
 
 
-def flow_result(store: Any, record_oid: str) -> dict[str, Any]:
-    record = repo.get(store, EvaluationRecord, record_oid)
-    return summary(store, record_oid, record)
-
-
 def score_table(result: dict[str, Any]) -> Any:
     """A rich Table: cases × metrics, reused marked, disagreements shown."""
     from rich.table import Table

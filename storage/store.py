@@ -154,9 +154,6 @@ class Store:
         created = True
         if self._b.protocol == "file":
             created = self._local(_local.write_once, rel, data, what)
-            if not created and self._durability == "batch":
-                # it existed: another process may not have flushed it yet
-                self._deferred(self._path(rel))
         else:
             try:
                 self._b.call(what, "pipe_file", self._path(rel), data, mode="create",
@@ -341,7 +338,8 @@ class Store:
             result = write(self._path(rel), data, sync=sync)
         except OSError as exc:
             raise self._b.unavailable(what, exc, self._b.deadline()) from exc
-        if not sync and result is not False:  # False: nothing was written
+        if not sync:
+            # also when the file was there already: its writer may not have flushed it yet
             self._deferred(self._path(rel))
         return result
 
