@@ -109,11 +109,19 @@ def _progress(enabled: bool, totals: dict[str, int]):
             unsubscribe()
 
 
-def _scored_metrics(metric_names: list[str], reuse: bool, force: bool) -> list[str]:
-    """The metrics a run will score, as far as the command line tells: with ``--reuse``
-    (and no ``--force``) most units usually come from earlier runs, and preloading what
-    their metrics would need only competes with the run for the interpreter."""
-    return metric_names if force or not reuse else []
+def _scored_metrics(plan: Any, units_per_metric: int, task_runner: str, reuse: bool,
+                    force: bool) -> list[str]:
+    """The metrics this process will score, as far as the command line tells, for preloading
+    what they need. With ``--reuse`` (and no ``--force``) most units usually come from earlier
+    runs, and preloading only competes with the run for the interpreter; the metrics a
+    scoring worker takes load in the worker."""
+    if reuse and not force:
+        return []
+    from evalsnap.score_worker import metrics_for_worker
+
+    elsewhere = set(metrics_for_worker(plan.selected_rules(), plan.store_url, task_runner,
+                                       units_per_metric, reuse=reuse, force=force))
+    return [name for name in plan.metric_names if name not in elsewhere]
 
 
 def _run_flow(flow_fn: Any, metric_names: list[str], **params: Any) -> dict[str, Any]:
@@ -168,7 +176,8 @@ def run(
         n_inf = len(plan.case_ids) * repetitions
         with _progress(not as_json and err.is_terminal,
                        {"inference": n_inf, "scoring": n_inf * len(plan.metric_names)}):
-            result = _run_flow(evaluate, _scored_metrics(plan.metric_names, reuse, force),
+            result = _run_flow(evaluate, _scored_metrics(plan, n_inf, task_runner, reuse,
+                                                         force),
                                agent_dir=agent_dir,
                                evalset=evalset, config=config, store=store, reuse=reuse,
                                force=force, metrics=metric, cases=case,
@@ -212,7 +221,8 @@ def rescore(
         plan = plan_rescore(run_or_snapshot, store, evalset, config, metric, case, paths)
         from flows.rescore import rescore as rescore_flow
 
-        result = _run_flow(rescore_flow, _scored_metrics(plan.metric_names, reuse, force),
+        result = _run_flow(rescore_flow, _scored_metrics(plan, len(plan.source_outcomes),
+                                                         task_runner, reuse, force),
                            run_or_snapshot=run_or_snapshot,
                            evalset=evalset, config=config, store=store, reuse=reuse,
                            force=force, metrics=metric, cases=case, code_paths=paths,

@@ -21,6 +21,7 @@ from evalsnap.config import LoadedConfig, resolve_config
 from evalsnap.errors import ConfigError, EvalsnapError
 from evalsnap.fingerprint import fingerprint
 from evalsnap.inference import inference_fingerprint, now_iso, run_inference
+from evalsnap.judge import judge_limiter
 from evalsnap.outcomes import InferenceOutcome, UnitOutcome
 from evalsnap.records import FrozenCase, InferenceRecord, MetricRule, ScoreUnit, Snapshot
 from evalsnap.scoring import case_fingerprint, not_evaluated, score_unit, unit_fingerprint
@@ -178,6 +179,16 @@ def _outcome(unit: ScoreUnit, oid: str, why: str, reused_judge_samples: int = 0)
         run_id=unit.run_id, why=why)
 
 
+def units_in_flight(rule: MetricRule, concurrency: int) -> int:
+    """Units a metric task scores at once: ``concurrency``, or, for a judge metric, as many
+    as the process's judge limit has slots. A judge unit asks its samples one after the
+    other, so at ``concurrency`` units the last judge metric still running would use only
+    ``concurrency`` of the limit's slots; the limit, not the unit count, bounds the calls."""
+    if rule.judge:
+        return max(concurrency, judge_limiter().slots)
+    return concurrency
+
+
 async def score_metric(store_url: str, snapshot_oid: str, metric_name: str,
                        config_json: str, config_where: str, sys_paths: list[str], run_id: str,
                        reuse: bool, force: bool, case_ids: list[str] | None = None,
@@ -195,7 +206,7 @@ async def score_metric(store_url: str, snapshot_oid: str, metric_name: str,
             f"metric {metric_name!r} in snapshot {snapshot_oid} differs from the live config "
             f"{config_where}; evaluators come only from the live config, so freeze again.")
     eval_metric = live.eval_metric(rule)
-    limiter = asyncio.Semaphore(concurrency)
+    limiter = asyncio.Semaphore(units_in_flight(rule, concurrency))
 
     async def one(frozen: FrozenCase) -> UnitOutcome:
         reused, why = _reusable(store, rule, frozen, reuse, force)

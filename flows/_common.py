@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 from prefect import get_run_logger
 
-from evalsnap import repo
+from evalsnap import repo, score_worker
 from evalsnap.outcomes import InferenceOutcome
 from evalsnap.planning import Plan
 from evalsnap.scoring import unit_fingerprint
@@ -21,6 +23,17 @@ def units_digest(snapshot_oid: str, store_url: str, rule_fp: str,
     keys = [unit_fingerprint(c.case_fingerprint, rule_fp) for c in snapshot.cases
             if case_ids is None or c.eval_id in case_ids]
     return "sha256:" + hashlib.sha256("\n".join(keys).encode()).hexdigest()
+
+
+@contextmanager
+def scoring_worker(plan: Plan, runner: str, units_per_metric: int, *, reuse: bool,
+                   force: bool) -> Iterator[None]:
+    """The flow's scoring worker process for this block, if the run should have one
+    (:func:`evalsnap.score_worker.metrics_for_worker`)."""
+    with score_worker.running(score_worker.metrics_for_worker(
+            plan.selected_rules(), plan.store_url, runner, units_per_metric, reuse=reuse,
+            force=force)):
+        yield
 
 
 def freeze_score_publish(plan: Plan, *, run_id: str, kind: str,

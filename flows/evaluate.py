@@ -16,7 +16,7 @@ from evalsnap.artifacts import RunProgress
 from evalsnap.inference import inference_fingerprint
 from evalsnap.outcomes import InferenceOutcome
 from evalsnap.planning import Plan, plan_run
-from flows._common import freeze_score_publish
+from flows._common import freeze_score_publish, scoring_worker
 from tasks import infer_task
 from tasks._prefect import (
     inference_batch_size,
@@ -78,7 +78,9 @@ def evaluate(
     plan = plan_run(agent_dir, evalset, config, store, metrics, cases, repetitions)
     run_id = stages.new_run_id()
     tag_flow_run("evalsnap", f"evalset:{plan.eval_set.eval_set_id}")
-    with runners.task_runner_scope(task_runner, dask_address):
+    with runners.task_runner_scope(task_runner, dask_address) as runner, \
+            scoring_worker(plan, runner, len(plan.case_ids) * plan.repetitions, reuse=reuse,
+                           force=force):
         return _evaluate(plan, run_id, reuse=reuse, force=force, concurrency=concurrency)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from prefect import task
 
-from evalsnap import progress, repo, stages
+from evalsnap import progress, repo, score_worker, stages
 from tasks._prefect import score_cache_key
 
 
@@ -17,9 +17,26 @@ def score_task(store_url: str, snapshot_oid: str, metric_name: str, units_digest
                config_json: str, config_where: str, sys_paths: list[str], run_id: str,
                reuse: bool, force: bool, case_ids: list[str] | None = None,
                concurrency: int = 8) -> list[dict[str, Any]]:
+    args: dict[str, Any] = dict(
+        store_url=store_url, snapshot_oid=snapshot_oid, metric_name=metric_name,
+        config_json=config_json, config_where=config_where, sys_paths=sys_paths,
+        run_id=run_id, reuse=reuse, force=force, case_ids=case_ids, concurrency=concurrency)
+    def on_unit() -> None:
+        progress.advance("scoring")
+
+    if score_worker.current() is not None and not _calls_judge(store_url, snapshot_oid,
+                                                               metric_name):
+        # a code metric: the flow's worker process scores it on another core
+        rows = score_worker.score_in_worker(on_unit, **args)
+        if rows is not None:
+            return rows
     # Sync on purpose (see tasks/inference.py): the event loop lives inside the task.
-    outcomes = asyncio.run(stages.score_metric(
-        store_url, snapshot_oid, metric_name, config_json, config_where, sys_paths, run_id,
-        reuse, force, case_ids, concurrency, on_unit=lambda: progress.advance("scoring")))
+    outcomes = asyncio.run(stages.score_metric(**args, on_unit=on_unit))
     repo.open_store(store_url).flush()  # what this task wrote is durable before it returns
     return [o.model_dump(mode="json") for o in outcomes]
+
+
+def _calls_judge(store_url: str, snapshot_oid: str, metric_name: str) -> bool:
+    """Judge metrics stay in the flow's process, under its one judge rate limit."""
+    snapshot = repo.get_snapshot(repo.open_store(store_url), snapshot_oid)
+    return snapshot.rule(metric_name).judge

@@ -31,3 +31,19 @@ def test_regenerating_keeps_the_reading_around_the_generated_block(tmp_path):
     assert merge(out, "table v1\n") == f"{BEGIN}\ntable v1\n{END}\n"
     out.write_text(f"# title\n\n{BEGIN}\ntable v1\n{END}\n\nreading\n")
     assert merge(out, "table v2\n") == f"# title\n\n{BEGIN}\ntable v2\n{END}\nreading\n"
+
+
+def test_bench_runs_evalsnap_against_its_own_prefect_server(tmp_path: Path):
+    out = tmp_path / "RESULTS.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--sizes", "30", "--reps", "1", "--scenarios", "3",
+         "--api", "server", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+        timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = out.read_text()
+    assert "a running `prefect server` on 127.0.0.1 started by the runner" in text
+    row = next(line for line in text.splitlines() if line.startswith("| 3 | 30 |"))
+    assert '"agent_calls": 0' in row and '"judge_calls": 0' in row
+    from tests.test_cli_process import _processes_with
+
+    assert _processes_with("evalsnap-bench-prefect-") == []  # the server was stopped

@@ -36,14 +36,15 @@ def test_run_on_the_temporary_api_prints_everything_and_leaves_no_process(tmp_pa
                     ignore=shutil.ignore_patterns("__pycache__", ".adk"))
     marker = f"EVALSNAP_TEST_MARK={uuid.uuid4().hex}"
     env = {"PREFECT_API_URL": "", "PREFECT_HOME": str(tmp_path / "prefect-home"),
-           marker.split("=")[0]: marker.split("=")[1]}
+           marker.split("=")[0]: marker.split("=")[1],
+           "EVALSNAP_SCORE_WORKER": "on"}  # its scoring worker must be gone too
     result = run_cli("run", str(agent), str(agent / "shop.evalset.json"), "--store",
                      str(tmp_path / "store"), "--json", env=env)
     assert result.code == 3, result.stderr[-3000:]  # the demo has cases designed to fail
     summary = result.json  # exactly one complete JSON line, flushed before the fast exit
     assert summary["exit_code"] == 3 and summary["agent_calls"] > 0
     assert (tmp_path / "prefect-home" / "prefect.db").exists()  # its own API, not the tests'
-    assert _processes_with(marker) == []  # the temporary API was stopped, by PID
+    assert _processes_with(marker) == []  # the temporary API and the worker were stopped
 
     shown = run_cli("show", summary["record_id"], "--store", str(tmp_path / "store"),
                     "--json", env=env)
