@@ -14,8 +14,9 @@ flow stops it by PID on the way out. Each request is one metric of one snapshot,
 the same :func:`evalsnap.stages.score_metric` a task calls in-process, and flushed before
 the answer, so the units are where they would have been.
 
-Nothing is lost if the worker is unusable: a task whose worker died or never became ready
-scores its metric in its own process (units already written are content-addressed, so the
+Nothing is lost if the worker is unusable: a task whose worker died, or is still importing
+when the task starts (a small run's inference can end first), scores its metric in its own
+process (units already written are content-addressed, so the
 same objects are written again). An error raised by the scoring itself (a config that
 changed, a broken custom metric's import) comes back as the same exception type where it
 can be rebuilt, otherwise as :class:`ScoreWorkerError` carrying the type and message.
@@ -45,10 +46,6 @@ from typing import Any
 from evalsnap.errors import EvalsnapError
 
 logger = logging.getLogger(__name__)
-
-#: Seconds to wait for the worker's imports before a task scores in its own process.
-READY_TIMEOUT = 120.0
-
 
 class ScoreWorkerError(EvalsnapError):
     """The worker raised an exception that cannot be rebuilt in the flow's process."""
@@ -123,6 +120,13 @@ class ScoreWorker:
                                         daemon=True)
         self._reader.start()
 
+    def is_ready(self) -> bool:
+        return self._ready.is_set() and not self._dead
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Waits until the worker has imported what it needs (True) or is unusable."""
+        return self._ready.wait(timeout) and not self._dead
+
     @property
     def pid(self) -> int:
         return self.proc.pid
@@ -133,10 +137,11 @@ class ScoreWorker:
                      **kwargs: Any) -> list[dict[str, Any]]:
         """``stages.score_metric(**kwargs)`` in the worker, flushed; the outcomes as dicts.
 
-        Raises :class:`WorkerUnavailable` if the worker is (or becomes) unusable.
+        Raises :class:`WorkerUnavailable` if the worker is (or becomes) unusable, or is
+        still importing: a run never waits for its worker.
         """
-        if not self._ready.wait(READY_TIMEOUT) or self._dead:
-            raise WorkerUnavailable(self._dead or "the worker did not become ready")
+        if not self._ready.is_set() or self._dead:
+            raise WorkerUnavailable(self._dead or "the worker is still starting")
         future: Future[Any] = Future()
         req = next(self._ids)
         with self._lock:
@@ -147,7 +152,7 @@ class ScoreWorker:
             with self._send_lock:
                 self._out.send(("score", req, kwargs))
         except (OSError, ValueError) as exc:
-            self._fail(f"the worker's pipe is closed ({exc})")
+            self._fail(self._why_gone(exc))
         return future.result()
 
     def close(self, timeout: float = 10.0) -> None:
@@ -176,12 +181,7 @@ class ScoreWorker:
             try:
                 msg = self._in.recv()
             except (EOFError, OSError, pickle.UnpicklingError) as exc:
-                try:
-                    code: int | None = self.proc.wait(timeout=2)  # EOF comes as it exits
-                except subprocess.TimeoutExpired:
-                    code = None
-                self._fail(f"the worker exited (code {code})" if code is not None
-                           else f"the worker's pipe broke ({exc!r})")
+                self._fail(self._why_gone(exc))
                 return
             kind = msg[0]
             if kind == "ready":
@@ -202,6 +202,13 @@ class ScoreWorker:
                     entry[0].set_result(msg[2])
                 else:
                     entry[0].set_exception(_rebuild(msg[2]))
+
+    def _why_gone(self, exc: BaseException) -> str:
+        try:
+            code = self.proc.wait(timeout=2)  # a closed pipe usually means it is exiting
+        except subprocess.TimeoutExpired:
+            return f"the worker's pipe broke ({exc!r})"
+        return f"the worker exited (code {code})"
 
     def _fail(self, why: str) -> None:
         with self._lock:
@@ -269,6 +276,10 @@ def score_in_worker(on_unit: Callable[[], None] | None, **kwargs: Any
     """The outcomes from the flow's worker, or None: no worker, or it is unusable."""
     worker = _current
     if worker is None:
+        return None
+    if not worker.is_ready():
+        logger.info("scoring %s in the flow's process: its worker is still starting",
+                    kwargs.get("metric_name"))
         return None
     try:
         return worker.score_metric(on_unit=on_unit, **kwargs)

@@ -55,6 +55,7 @@ def test_worker_scores_code_metrics_exactly_as_the_flows_process(frozen, monkeyp
     units = []
     with score_worker.running(CODE_METRICS) as worker:
         assert worker is not None and worker.pid != os.getpid()
+        assert worker.wait_ready(120)
 
         def not_here(*args, **kwargs):
             raise AssertionError("a code metric was scored in the flow's process")
@@ -85,7 +86,7 @@ def test_a_dead_worker_means_scoring_in_process(frozen, caplog):
     metric = "final_state_match"
     expected = _comparable(score_task.fn(**_task_args(frozen, metric, "run-a")))
     with score_worker.running([metric]) as worker:
-        assert worker is not None
+        assert worker is not None and worker.wait_ready(120)
         worker.proc.send_signal(signal.SIGKILL)
         worker.proc.wait()
         with caplog.at_level(logging.WARNING, logger="evalsnap.score_worker"):
@@ -97,7 +98,7 @@ def test_a_dead_worker_means_scoring_in_process(frozen, caplog):
 
 def test_errors_in_the_worker_come_back_with_their_type(frozen):
     with score_worker.running(["final_state_match"]) as worker:
-        assert worker is not None
+        assert worker is not None and worker.wait_ready(120)
         missing = "sha256:" + "0" * 64
         with pytest.raises(NotFoundError, match="not in store"):
             worker.score_metric(**{**_worker_args(frozen, "final_state_match", "r"),
@@ -105,6 +106,15 @@ def test_errors_in_the_worker_come_back_with_their_type(frozen):
         # the worker survives a failed request and serves the next one
         rows = worker.score_metric(**_worker_args(frozen, "final_state_match", "r2"))
         assert rows and rows[0]["run_id"] == "r2"
+
+
+def test_a_run_never_waits_for_a_worker_that_is_still_importing(frozen, caplog):
+    with score_worker.running(["final_state_match"]) as worker:
+        assert worker is not None
+        with caplog.at_level(logging.INFO, logger="evalsnap.score_worker"):
+            rows = score_task.fn(**_task_args(frozen, "final_state_match", "run-early"))
+        assert worker.wait_ready(120)  # it was importing, not broken
+    assert rows and "still starting" in caplog.text
 
 
 def test_when_a_run_gets_a_worker(monkeypatch):
