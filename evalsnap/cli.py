@@ -109,18 +109,20 @@ def _progress(enabled: bool, totals: dict[str, int]):
             unsubscribe()
 
 
-def _scored_metrics(plan: Any, units_per_metric: int, task_runner: str, reuse: bool,
+def _scored_metrics(plan: Any, units_per_metric: int, task_runner: str | None, reuse: bool,
                     force: bool) -> list[str]:
     """The metrics this process will score, as far as the command line tells, for preloading
     what they need. With ``--reuse`` (and no ``--force``) most units usually come from earlier
     runs, and preloading only competes with the run for the interpreter; the metrics a
-    scoring worker takes load in the worker."""
+    run's scoring worker takes load in the worker (``task_runner`` None: a flow without one).
+    """
     if reuse and not force:
         return []
     from evalsnap.score_worker import metrics_for_worker
 
-    elsewhere = set(metrics_for_worker(plan.selected_rules(), plan.store_url, task_runner,
-                                       units_per_metric, reuse=reuse, force=force))
+    elsewhere = set() if task_runner is None else set(metrics_for_worker(
+        plan.selected_rules(), plan.store_url, task_runner, units_per_metric, reuse=reuse,
+        force=force))
     return [name for name in plan.metric_names if name not in elsewhere]
 
 
@@ -222,7 +224,7 @@ def rescore(
         from flows.rescore import rescore as rescore_flow
 
         result = _run_flow(rescore_flow, _scored_metrics(plan, len(plan.source_outcomes),
-                                                         task_runner, reuse, force),
+                                                         None, reuse, force),
                            run_or_snapshot=run_or_snapshot,
                            evalset=evalset, config=config, store=store, reuse=reuse,
                            force=force, metrics=metric, cases=case, code_paths=paths,

@@ -23,7 +23,8 @@ can be rebuilt, otherwise as :class:`ScoreWorkerError` carrying the type and mes
 
 ``EVALSNAP_SCORE_WORKER``: ``auto`` (default: on with two or more cores, when at least
 ``EVALSNAP_SCORE_WORKER_MIN_UNITS`` units, default 200, of code metrics may score), ``on``
-(any size), or ``off``.
+(any size, and a task waits for the worker's imports rather than scoring in-process), or
+``off``.
 """
 
 from __future__ import annotations
@@ -43,9 +44,14 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any
 
+from evalsnap import repo
 from evalsnap.errors import EvalsnapError
 
 logger = logging.getLogger(__name__)
+
+#: With ``EVALSNAP_SCORE_WORKER=on``, how long a task waits for the worker's imports.
+READY_TIMEOUT = 120.0
+
 
 class ScoreWorkerError(EvalsnapError):
     """The worker raised an exception that cannot be rebuilt in the flow's process."""
@@ -105,6 +111,10 @@ class ScoreWorker:
                 [sys.executable, "-m", "evalsnap.score_worker", str(to_child_r),
                  str(from_child_w), *warm_metrics],
                 pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL)
+        except BaseException:
+            os.close(to_child_w)
+            os.close(from_child_r)
+            raise
         finally:
             os.close(to_child_r)
             os.close(from_child_w)
@@ -148,9 +158,11 @@ class ScoreWorker:
             if self._dead:
                 raise WorkerUnavailable(self._dead)
             self._pending[req] = (future, on_unit)
+        # --storage-option values go by the private pipe, never by argv or environment
+        options = repo.storage_options_of(kwargs["store_url"])
         try:
             with self._send_lock:
-                self._out.send(("score", req, kwargs))
+                self._out.send(("score", req, kwargs, options))
         except (OSError, ValueError) as exc:
             self._fail(self._why_gone(exc))
         return future.result()
@@ -277,7 +289,7 @@ def score_in_worker(on_unit: Callable[[], None] | None, **kwargs: Any
     worker = _current
     if worker is None:
         return None
-    if not worker.is_ready():
+    if not worker.is_ready() and not (mode() == "on" and worker.wait_ready(READY_TIMEOUT)):
         logger.info("scoring %s in the flow's process: its worker is still starting",
                     kwargs.get("metric_name"))
         return None
@@ -342,15 +354,17 @@ def _serve(argv: list[str]) -> None:
     root.setLevel(int(os.environ.get("EVALSNAP_SCORE_WORKER_LOG_LEVEL", logging.WARNING)))
     root.addHandler(_Forward(send))
 
-    from evalsnap import _lazy, repo, stages  # evalsnap installs the deferred imports
+    from evalsnap import _lazy, stages  # importing evalsnap installs the deferred imports
 
     loaded = _lazy.preload(argv[2:])
     if loaded is not None:
         loaded.join()
     send(("ready",))
 
-    def score(req: int, kwargs: dict[str, Any]) -> None:
+    def score(req: int, kwargs: dict[str, Any], options: dict[str, str]) -> None:
         try:
+            if options:
+                repo.configure_store(kwargs["store_url"], options)
             outcomes = asyncio.run(stages.score_metric(
                 **kwargs, on_unit=lambda: send(("unit", req))))
             repo.open_store(kwargs["store_url"]).flush()
@@ -375,7 +389,7 @@ def _serve(argv: list[str]) -> None:
                 thread.join()
             sys.stdout.flush()
             os._exit(0)
-        thread = threading.Thread(target=score, args=(msg[1], msg[2]), daemon=True)
+        thread = threading.Thread(target=score, args=msg[1:], daemon=True)
         thread.start()
         threads = [t for t in threads if t.is_alive()] + [thread]
 

@@ -13,7 +13,7 @@ from pydantic import Field
 from evalsnap import runners, stages
 from evalsnap.artifacts import RunProgress
 from evalsnap.planning import plan_rescore
-from flows._common import freeze_score_publish, scoring_worker
+from flows._common import freeze_score_publish
 from flows.evaluate import DEFAULT_STORE
 from tasks._prefect import tag_flow_run, with_parameter_docs
 
@@ -56,8 +56,8 @@ def rescore(
     progress = RunProgress(len(plan.metric_names) + 1,
                            f"{plan.eval_set.eval_set_id}: rescoring, publish")
     tag_flow_run("evalsnap", f"evalset:{plan.eval_set.eval_set_id}")
-    with runners.task_runner_scope(task_runner, dask_address) as runner, \
-            scoring_worker(plan, runner, len(plan.source_outcomes), reuse=reuse, force=force):
+    with runners.task_runner_scope(task_runner, dask_address):
+        # no scoring worker: its imports would have no inference to overlap with
         result = freeze_score_publish(plan, run_id=run_id, kind="rescore",
                                       outcomes=plan.source_outcomes, reuse=reuse,
                                       force=force, concurrency=concurrency,

@@ -108,7 +108,8 @@ def test_errors_in_the_worker_come_back_with_their_type(frozen):
         assert rows and rows[0]["run_id"] == "r2"
 
 
-def test_a_run_never_waits_for_a_worker_that_is_still_importing(frozen, caplog):
+def test_a_run_never_waits_for_a_worker_that_is_still_importing(frozen, caplog, monkeypatch):
+    monkeypatch.setenv("EVALSNAP_SCORE_WORKER", "auto")  # `on` waits for it
     with score_worker.running(["final_state_match"]) as worker:
         assert worker is not None
         with caplog.at_level(logging.INFO, logger="evalsnap.score_worker"):
