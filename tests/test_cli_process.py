@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 
-from tests.conftest import EXAMPLES, run_cli
+import pytest
+
+from tests.conftest import EXAMPLES, ROOT, run_cli
 
 
 def _processes_with(marker: str) -> list[int]:
@@ -57,3 +62,34 @@ def test_usage_errors_keep_their_exit_code_and_message(tmp_path: Path):
     assert result.code == 2
     assert "error:" in result.stderr
     assert os.environ.get("PREFECT_API_URL")  # the session's server is untouched
+
+
+def test_a_cli_killed_mid_run_leaves_no_process_behind(tmp_path: Path):
+    """SIGKILL runs no exit handler: the temporary API and the scoring worker go with the CLI
+    because the kernel signals them when their parent dies (Linux PR_SET_PDEATHSIG)."""
+    if sys.platform != "linux":
+        pytest.skip("parent-death signals are Linux-only")
+    agent = tmp_path / "shop_agent"
+    shutil.copytree(EXAMPLES / "shop_agent", agent,
+                    ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    marker = uuid.uuid4().hex
+    env = {**os.environ, "PREFECT_API_URL": "", "PREFECT_HOME": str(tmp_path / "home"),
+           "EVALSNAP_TEST_MARK": marker, "EVALSNAP_SCORE_WORKER": "on"}
+    proc = subprocess.Popen([sys.executable, "-m", "evalsnap.cli", "run", str(agent),
+                             str(agent / "shop.evalset.json"), "--store",
+                             str(tmp_path / "store")], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        # the temporary API and the worker are both up (the worker starts with the flow)
+        while len(set(_processes_with(marker)) - {proc.pid}) < 2:
+            assert proc.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "the API and worker never both ran"
+            time.sleep(0.1)
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 30
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_with(marker) == []
