@@ -208,6 +208,30 @@ def list_manifests(store: Store) -> list[RunManifest]:
     return sorted(out, key=lambda m: m.created_at, reverse=True)
 
 
+def latest_manifest(store: Store) -> RunManifest | None:
+    """``list_manifests(store)[0]`` without validating every manifest.
+
+    A manifest lists every object of its run (~240 KB at 300 cases), and validating one with
+    its checksum takes ~20 ms: ``latest`` over 111 such runs took 2.4 s, a year of nightly
+    runs would take ~8 s. Here each is only parsed for its ``created_at`` (0.2 s for the
+    111); the newest are then validated in order until one reads (unreadable ones are
+    skipped, as by ``list_manifests``).
+    """
+    dated: list[tuple[str, str]] = []
+    for name in store.list_refs("runs"):
+        try:
+            created = json.loads(store.get_ref("runs", name) or b"{}").get("created_at")
+        except (ValueError, AttributeError):
+            created = None
+        dated.append((created if isinstance(created, str) else "", name))
+    for _, name in sorted(dated, reverse=True):
+        try:
+            return read_manifest(store, name)
+        except Exception as exc:  # noqa: BLE001 - as list_manifests: skip a bad manifest
+            logger.warning("skipping run %s: %s", name, exc)
+    return None
+
+
 def latest_record_for(store: Store, eval_set_id: str) -> str | None:
     entry = _get_json_ref(store, "index/evalset", ref_name(eval_set_id))
     return entry.get("record_oid") if entry else None
@@ -221,10 +245,10 @@ def set_latest_record(store: Store, eval_set_id: str, record_oid: str, run_id: s
 def resolve_record(store: Store, ref: str) -> tuple[str, EvaluationRecord]:
     """A record by run id, record id (``sha256:…`` or a unique hex prefix ≥ 8), or ``latest``."""
     if ref == "latest":
-        manifests = list_manifests(store)
-        if not manifests:
+        manifest = latest_manifest(store)
+        if manifest is None:
             raise NotFoundError(f"store {store.url} holds no runs yet; run `evalsnap run` first.")
-        oid = manifests[0].record_oid
+        oid = manifest.record_oid
         return oid, get(store, EvaluationRecord, oid)
     if store.get_ref("runs", ref_name(ref)) is not None:
         oid = read_manifest(store, ref).record_oid
