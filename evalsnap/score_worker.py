@@ -147,8 +147,8 @@ class ScoreWorker:
                      **kwargs: Any) -> list[dict[str, Any]]:
         """``stages.score_metric(**kwargs)`` in the worker, flushed; the outcomes as dicts.
 
-        Raises :class:`WorkerUnavailable` if the worker is (or becomes) unusable, or is
-        still importing: a run never waits for its worker.
+        Raises :class:`WorkerUnavailable` if the worker is (or becomes) unusable, or has not
+        finished its imports (:func:`score_in_worker` decides whether to wait for them).
         """
         if not self._ready.is_set() or self._dead:
             raise WorkerUnavailable(self._dead or "the worker is still starting")
@@ -195,25 +195,31 @@ class ScoreWorker:
             except (EOFError, OSError, pickle.UnpicklingError) as exc:
                 self._fail(self._why_gone(exc))
                 return
-            kind = msg[0]
-            if kind == "ready":
-                self._ready.set()
-            elif kind == "log":
-                record = logging.makeLogRecord(msg[1])
-                logging.getLogger(record.name).handle(record)
-            elif kind == "unit":
-                entry = self._pending.get(msg[1])
-                if entry and entry[1] is not None:
-                    entry[1]()
-            elif kind in ("done", "error"):
-                with self._lock:
-                    entry = self._pending.pop(msg[1], None)
-                if entry is None:
-                    continue
-                if kind == "done":
-                    entry[0].set_result(msg[2])
-                else:
-                    entry[0].set_exception(_rebuild(msg[2]))
+            try:
+                self._dispatch(msg)
+            except Exception:  # noqa: BLE001 - a progress or log hook must not stop replies
+                logger.exception("could not handle the scoring worker's message %r", msg[0])
+
+    def _dispatch(self, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "ready":
+            self._ready.set()
+        elif kind == "log":
+            record = logging.makeLogRecord(msg[1])
+            logging.getLogger(record.name).handle(record)
+        elif kind == "unit":
+            entry = self._pending.get(msg[1])
+            if entry and entry[1] is not None:
+                entry[1]()
+        elif kind in ("done", "error"):
+            with self._lock:
+                entry = self._pending.pop(msg[1], None)
+            if entry is None:
+                return
+            if kind == "done":
+                entry[0].set_result(msg[2])
+            else:
+                entry[0].set_exception(_rebuild(msg[2]))
 
     def _why_gone(self, exc: BaseException) -> str:
         try:

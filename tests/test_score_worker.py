@@ -140,3 +140,22 @@ def _assert_gone(pid: int) -> None:
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not Path(f"/proc/{pid}").exists(), f"worker {pid} still running"
+
+
+def test_a_failing_progress_hook_does_not_stop_the_answers(frozen, caplog):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def broken_hook() -> None:
+        raise RuntimeError("progress display went away")
+
+    with score_worker.running(["final_state_match"]) as worker:
+        assert worker is not None and worker.wait_ready(120)
+        pool = ThreadPoolExecutor(1)
+        try:
+            answer = pool.submit(worker.score_metric, on_unit=broken_hook,
+                                 **_worker_args(frozen, "final_state_match", "r-hook"))
+            rows = answer.result(timeout=120)  # a dead reader thread would block for good
+        finally:
+            pool.shutdown(wait=False)
+    assert rows and rows[0]["run_id"] == "r-hook"
+    assert "progress display went away" in caplog.text
