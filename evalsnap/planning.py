@@ -145,12 +145,13 @@ def plan_rescore(run_or_snapshot: str, store_url: str, evalset: str | None,
                 uninferred_cases=sorted(new_ids - frozen_ids))
     _select(plan, metrics, cases)
     plan.case_ids = [c for c in plan.case_ids if c in frozen_ids]
+    selected = set(plan.case_ids)
     plan.source_outcomes = [
         InferenceOutcome(eval_id=c.eval_id, repetition=c.repetition, oid=c.inference_oid,
                          fingerprint=c.inference_fingerprint,
                          status="success" if c.inference_ok else "failure",
-                         run_id=repo.get_inference(store, c.inference_oid).run_id)
-        for c in snapshot.cases if c.eval_id in set(plan.case_ids)]
+                         run_id=repo.inference_run_id(store, c.inference_oid))
+        for c in snapshot.cases if c.eval_id in selected]
     return plan
 
 

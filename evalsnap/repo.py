@@ -109,6 +109,26 @@ def get_inference(store: Store, oid: str) -> InferenceRecord:
     return get(store, InferenceRecord, oid)
 
 
+@functools.lru_cache(maxsize=65536)
+def _inference_run_id(url: str, oid: str) -> str:
+    store = open_store(url)
+    try:
+        run_id = json.loads(store.get_object(InferenceRecord.KIND, oid)).get("run_id")
+    except (ObjectNotFound, ValueError, AttributeError):
+        run_id = None
+    if not isinstance(run_id, str):
+        run_id = get_inference(store, oid).run_id  # the typed error, or the validated value
+    return run_id
+
+
+def inference_run_id(store: Store, oid: str) -> str:
+    """The run that made an inference, read without validating the whole conversation (a
+    rescore's plan needs it for every case, twice: in the CLI and in the flow). Objects are
+    immutable, so it is remembered per process; a missing or unreadable object gets the
+    same typed error as :func:`get_inference`."""
+    return _inference_run_id(store.url, oid)
+
+
 def _get_json_ref(store: Store, namespace: str, name: str) -> dict[str, Any] | None:
     data = store.get_ref(namespace, name)
     if data is None:

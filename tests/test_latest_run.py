@@ -1,5 +1,7 @@
-"""`latest` names the newest readable run by its manifest's created_at, as `ls` orders
-them, without validating every manifest of a store that has years of runs."""
+"""Reading the run history cheaply: `latest` names the newest readable run by its
+manifest's created_at, as `ls` orders them, without validating every manifest of a store
+that has years of runs; a rescore's plan reads each inference's run id without validating
+its conversation."""
 
 from __future__ import annotations
 
@@ -39,3 +41,17 @@ def test_latest_is_the_newest_readable_manifest_in_list_order(tmp_path: Path):
     assert repo.latest_manifest(store) == repo.list_manifests(store)[0]
     with pytest.raises(NotFoundError):  # the record object itself was never written
         repo.resolve_record(store, "latest")
+
+
+def test_inference_run_id_reads_the_run_without_validating_the_conversation(tmp_path: Path):
+    from tests._pipeline import example_eval_set, infer_all
+
+    url = str(tmp_path / "store")
+    outcomes = infer_all(url, example_eval_set(), run_id="run-a")
+    store = repo.open_store(url)
+    assert outcomes
+    for outcome in outcomes:
+        assert repo.inference_run_id(store, outcome.oid) == \
+            repo.get_inference(store, outcome.oid).run_id == "run-a"
+    with pytest.raises(NotFoundError, match="not in store"):
+        repo.inference_run_id(store, "sha256:" + "f" * 64)
