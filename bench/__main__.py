@@ -14,7 +14,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -164,12 +163,10 @@ def run(sizes: list[int], reps: int, scenarios: set[int],
 def prefect_server() -> Iterator[str]:
     """A ``prefect server`` on 127.0.0.1 for the bench's evalsnap runs (the production
     set-up: a scheduled run talks to a running server); stopped by PID afterwards."""
-    from evalsnap._prefect_env import wait_healthy
+    from evalsnap._prefect_env import _free_port, wait_healthy
 
     home = Path(tempfile.mkdtemp(prefix="evalsnap-bench-prefect-"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": "",
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "false"}
     log = open(home / "server.log", "wb")  # noqa: SIM115 - closed below

@@ -65,7 +65,6 @@ def prestart_ephemeral_api() -> None:
         return
     import atexit
     import subprocess
-    import sys
     from importlib.util import find_spec
 
     spec = find_spec("prefect")
@@ -79,11 +78,14 @@ def prestart_ephemeral_api() -> None:
            # A block evalsnap saves registers its own type.
            "PREFECT_API_BLOCKS_REGISTER_ON_START": "false",
            "PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false"}
+    from evalsnap._child import module_command
+
+    # dies with this process even when it is killed (no exit handler runs then)
     _server = subprocess.Popen(
-        [sys.executable, "-c", _WITH_PARENT, str(os.getpid()), "--app-dir",
-         os.path.dirname(os.path.dirname(spec.origin)), "--factory",
-         "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
-         "--log-level", "error", "--lifespan", "on"],
+        module_command("uvicorn", "--app-dir", os.path.dirname(os.path.dirname(spec.origin)),
+                       "--factory", "prefect.server.api.server:create_app",
+                       "--host", "127.0.0.1", "--port", str(port),
+                       "--log-level", "error", "--lifespan", "on"),
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     atexit.register(_stop_server)
     _api_url = f"http://127.0.0.1:{port}/api"
@@ -93,23 +95,6 @@ def prestart_ephemeral_api() -> None:
     _ready = threading.Thread(target=_wait_and_warm, args=(_api_url, _server),
                               name="evalsnap-api-start", daemon=True)
     _ready.start()
-
-
-#: Runs uvicorn (``python -m uvicorn``, argv after the parent's PID) in a process that
-#: gets SIGTERM when its parent dies (Linux ``PR_SET_PDEATHSIG``), so a CLI killed with
-#: SIGKILL or SIGTERM, which runs no exit handler, still leaves no API server behind.
-_WITH_PARENT = """
-import ctypes, os, runpy, signal, sys
-if sys.platform == "linux":
-    try:
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
-if os.getppid() != int(sys.argv.pop(1)):
-    sys.exit(0)  # the parent died before the signal was armed
-sys.argv[0] = "uvicorn"
-runpy.run_module("uvicorn", run_name="__main__", alter_sys=True)
-"""
 
 
 def _wait_and_warm(api_url: str, process: Any, timeout: float = 90.0) -> None:

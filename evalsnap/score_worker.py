@@ -9,15 +9,16 @@ the judge and need its one process-wide rate limit (``EVALSNAP_JUDGE_CONCURRENCY
 The worker starts when a flow that will score starts, so its imports (ADK's evaluators,
 the metrics' libraries) overlap the inference. It is one ``python -m
 evalsnap.score_worker`` child, talking over two pipes (``multiprocessing.connection``
-framing, pickled messages); it exits when its parent closes the pipe or dies, and the
-flow stops it by PID on the way out. Each request is one metric of one snapshot, scored by
-the same :func:`evalsnap.stages.score_metric` a task calls in-process, and flushed before
-the answer, so the units are where they would have been.
+framing, pickled messages); it exits when its parent closes the pipe or dies
+(:mod:`evalsnap._child`), and the flow stops it by PID on the way out. Each request is one
+metric of one snapshot, scored by the same :func:`evalsnap.stages.score_metric` a task
+calls in-process, and flushed before the answer, so the units are where they would have
+been.
 
 Nothing is lost if the worker is unusable: a task whose worker died, or is still importing
 when the task starts (a small run's inference can end first), scores its metric in its own
-process (units already written are content-addressed, so the
-same objects are written again). An error raised by the scoring itself (a config that
+process (units already written are content-addressed, so the same objects are written
+again). An error raised by the scoring itself (a config that
 changed, a broken custom metric's import) comes back as the same exception type where it
 can be rebuilt, otherwise as :class:`ScoreWorkerError` carrying the type and message.
 
@@ -45,6 +46,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from evalsnap import repo
+from evalsnap._child import module_command
 from evalsnap.errors import EvalsnapError
 
 logger = logging.getLogger(__name__)
@@ -99,7 +101,9 @@ def metrics_for_worker(rules: list[Any], store_url: str, runner: str, units_per_
 class ScoreWorker:
     """The flow's handle on one worker process. Thread-safe: every metric task may call."""
 
-    def __init__(self, warm_metrics: list[str]) -> None:
+    def __init__(self, metrics: list[str]) -> None:
+        self.metrics = frozenset(metrics)
+        """The metrics this worker scores; a task for any other scores in its own process."""
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         env = {**os.environ,
@@ -108,8 +112,8 @@ class ScoreWorker:
                "EVALSNAP_SCORE_WORKER_LOG_LEVEL": str(logging.getLogger().getEffectiveLevel())}
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "evalsnap.score_worker", str(to_child_r),
-                 str(from_child_w), *warm_metrics],
+                module_command("evalsnap.score_worker", str(to_child_r), str(from_child_w),
+                               *metrics),
                 pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL)
         except BaseException:
             os.close(to_child_w)
@@ -326,22 +330,7 @@ class _Forward(logging.Handler):
             self.handleError(record)
 
 
-def _die_with_parent() -> None:
-    """On Linux, the kernel sends SIGKILL to this process when its parent dies."""
-    if sys.platform != "linux":
-        return
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def _serve(argv: list[str]) -> None:
-    _die_with_parent()
     inbound = Connection(int(argv[0]), writable=False)
     outbound = Connection(int(argv[1]), readable=False)
     send_lock = threading.Lock()

@@ -21,11 +21,12 @@ def score_task(store_url: str, snapshot_oid: str, metric_name: str, units_digest
         store_url=store_url, snapshot_oid=snapshot_oid, metric_name=metric_name,
         config_json=config_json, config_where=config_where, sys_paths=sys_paths,
         run_id=run_id, reuse=reuse, force=force, case_ids=case_ids, concurrency=concurrency)
+
     def on_unit() -> None:
         progress.advance("scoring")
 
-    if score_worker.current() is not None and not _calls_judge(store_url, snapshot_oid,
-                                                               metric_name):
+    worker = score_worker.current()
+    if worker is not None and metric_name in worker.metrics:
         # a code metric: the flow's worker process scores it on another core
         rows = score_worker.score_in_worker(on_unit, **args)
         if rows is not None:
@@ -35,8 +36,3 @@ def score_task(store_url: str, snapshot_oid: str, metric_name: str, units_digest
     repo.open_store(store_url).flush()  # what this task wrote is durable before it returns
     return [o.model_dump(mode="json") for o in outcomes]
 
-
-def _calls_judge(store_url: str, snapshot_oid: str, metric_name: str) -> bool:
-    """Judge metrics stay in the flow's process, under its one judge rate limit."""
-    snapshot = repo.get_snapshot(repo.open_store(store_url), snapshot_oid)
-    return snapshot.rule(metric_name).judge
