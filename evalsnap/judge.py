@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import threading
 from collections import Counter, deque
 from collections.abc import AsyncGenerator, Callable
@@ -109,51 +110,106 @@ class LedgerSource:
 # ---- process-wide judge concurrency ----------------------------------------------------------
 
 class ProcessLimiter:
-    """An async semaphore shared by every event loop of the process.
+    """An async semaphore shared by every event loop of the process, and by the processes
+    it is handed to (the scoring worker): one judge limit, wherever the judge is called.
 
-    Prefect runs each async task on its own loop; an ``asyncio.Semaphore`` binds to
-    one loop, so the count lives under a thread lock and waiters are woken on theirs.
+    The slots are tokens in a pipe, as in GNU make's jobserver: taking a slot reads one
+    byte, giving it back writes one. Prefect runs each task on its own event loop, so an
+    ``asyncio.Semaphore`` (bound to one loop) cannot do; the pipe also crosses ``fork``
+    and ``pass_fds``, and the kernel keeps the count. Each event loop waits for the pipe
+    to become readable with one reader callback, which hands the tokens it can read to
+    that loop's waiters in order.
+
+    A process that dies holding tokens takes them with it; :meth:`recover`, called by the
+    process that made the pipe once the other is gone, puts back what is missing.
     """
 
-    def __init__(self, slots: int) -> None:
-        self.slots = max(1, slots)
-        self._free = self.slots
+    #: Slots beyond this would not fit in a pipe's buffer (64 KiB on Linux) as tokens.
+    MAX_SLOTS = 4096
+
+    def __init__(self, slots: int, fds: tuple[int, int] | None = None) -> None:
+        self.slots = min(max(1, slots), self.MAX_SLOTS)
         self._lock = threading.Lock()
-        self._waiters: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = deque()
+        self._held = 0  # tokens this process has taken and not given back
+        self._queues: dict[asyncio.AbstractEventLoop, deque[asyncio.Future[None]]] = {}
+        if fds is None:
+            read_fd, write_fd = os.pipe()
+            os.write(write_fd, b"." * self.slots)
+            self.owner = True
+        else:
+            read_fd, write_fd = fds
+            self.owner = False
+        os.set_blocking(read_fd, False)
+        self.fds = (read_fd, write_fd)
+
+    def _take(self) -> bool:
+        with self._lock:
+            try:
+                got = os.read(self.fds[0], 1)
+            except BlockingIOError:
+                return False
+            if not got:  # every write end closed: cannot happen while we hold one
+                raise RuntimeError("the judge limiter's pipe was closed")
+            self._held += 1
+            return True
 
     async def acquire(self) -> None:
         loop = asyncio.get_running_loop()
-        with self._lock:
-            if self._free > 0 and not self._waiters:
-                self._free -= 1
-                return
-            fut: asyncio.Future[None] = loop.create_future()
-            self._waiters.append((loop, fut))
+        queue = self._queues.get(loop)
+        if not queue and self._take():
+            return
+        fut: asyncio.Future[None] = loop.create_future()
+        if queue is None:
+            queue = self._queues[loop] = deque()
+        queue.append(fut)
+        if len(queue) == 1:
+            loop.add_reader(self.fds[0], self._on_readable, loop)
         try:
             await fut
         except asyncio.CancelledError:
-            with self._lock:
-                if (loop, fut) in self._waiters:
-                    self._waiters.remove((loop, fut))
-                    raise
-            self.release()  # the slot was granted while we were being cancelled
+            if fut.done() and not fut.cancelled():
+                self.release()  # the slot was granted while we were being cancelled
+            elif fut in queue:
+                queue.remove(fut)
+                if not queue:
+                    self._drop(loop)
             raise
+
+    def _on_readable(self, loop: asyncio.AbstractEventLoop) -> None:
+        """In ``loop``'s thread: hand the tokens there are to this loop's first waiters."""
+        queue = self._queues.get(loop)
+        while queue:
+            if queue[0].done():  # cancelled while waiting
+                queue.popleft()
+                continue
+            if not self._take():  # another loop or process was quicker
+                return
+            queue.popleft().set_result(None)
+        self._drop(loop)
+
+    def _drop(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._queues.pop(loop, None)
+        if not loop.is_closed():
+            loop.remove_reader(self.fds[0])
 
     def release(self) -> None:
         with self._lock:
-            while self._waiters:
-                loop, fut = self._waiters.popleft()
-                if loop.is_closed():
-                    continue
-                loop.call_soon_threadsafe(self._grant, fut)
-                return
-            self._free += 1
+            self._held -= 1
+            os.write(self.fds[1], b".")
 
-    def _grant(self, fut: asyncio.Future[None]) -> None:
-        if fut.done():  # cancelled meanwhile: pass the slot on
-            self.release()
-        else:
-            fut.set_result(None)
+    def recover(self) -> int:
+        """Puts back the tokens another process took and never returned; call it only once
+        that process is gone. Returns how many."""
+        import fcntl
+        import termios
+
+        with self._lock:
+            available = int.from_bytes(
+                fcntl.ioctl(self.fds[0], termios.FIONREAD, b"\0\0\0\0"), sys.byteorder)
+            missing = self.slots - self._held - available
+            if missing > 0:
+                os.write(self.fds[1], b"." * missing)
+            return max(0, missing)
 
     @asynccontextmanager
     async def slot(self) -> AsyncGenerator[None, None]:
@@ -167,13 +223,23 @@ class ProcessLimiter:
 _limiter: ProcessLimiter | None = None
 _limiter_lock = threading.Lock()
 
+#: Set by the scoring worker's parent: ``<read fd>,<write fd>,<slots>`` of its judge limiter.
+SHARED_LIMITER_ENV = "EVALSNAP_JUDGE_LIMITER_FDS"
+
 
 def judge_limiter() -> ProcessLimiter:
-    """The process's judge limiter: ``EVALSNAP_JUDGE_CONCURRENCY`` slots (default 8)."""
+    """The process's judge limiter: ``EVALSNAP_JUDGE_CONCURRENCY`` slots (default 8), or,
+    in a scoring worker, its parent's (the limit is per run, not per process)."""
     global _limiter
     with _limiter_lock:
         if _limiter is None:
-            _limiter = ProcessLimiter(int(os.environ.get("EVALSNAP_JUDGE_CONCURRENCY", "8")))
+            shared = os.environ.get(SHARED_LIMITER_ENV)
+            if shared:
+                read_fd, write_fd, slots = (int(x) for x in shared.split(","))
+                _limiter = ProcessLimiter(slots, fds=(read_fd, write_fd))
+            else:
+                _limiter = ProcessLimiter(
+                    int(os.environ.get("EVALSNAP_JUDGE_CONCURRENCY", "8")))
         return _limiter
 
 

@@ -183,6 +183,13 @@ def _lookup_limit(name: str) -> bool:
         return exists
 
 
+def limit_exists(kind: ModelKind) -> bool:
+    """Whether calls of this kind go through a Prefect global concurrency limit (named,
+    and present and active on the server). Synchronous; same per-process cache."""
+    name = limit_name(kind)
+    return name is not None and _lookup_limit(name)
+
+
 def _in_prefect_run() -> bool:
     from prefect.context import FlowRunContext, TaskRunContext
 

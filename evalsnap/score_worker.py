@@ -1,10 +1,18 @@
-"""A warm worker process that scores the metrics which call no judge, on a second core.
+"""A warm worker process that scores part of a run's metrics, on a second core.
 
 A run is Python on one interpreter lock: inference, scoring and the flow's bookkeeping take
-turns on one core while the other serves, at most, Prefect's API. Scoring the CPU-bound
-metrics (trajectory, ROUGE, state match, custom code metrics) in another process gives the
-run that second core, and leaves the flow's process to the judge metrics, which wait on
-the judge and need its one process-wide rate limit (``EVALSNAP_JUDGE_CONCURRENCY``).
+turns on one core while the other serves, at most, Prefect's API. Scoring some metrics in
+another process gives the run that second core: every metric that calls no judge
+(trajectory, ROUGE, state match, custom code metrics: CPU-bound), and every second judge
+metric, so that both processes have judge work when the judge answers fast.
+
+One judge limit holds for the run, whichever process calls the judge: the worker draws on
+its parent's :class:`evalsnap.judge.ProcessLimiter`, whose slots are tokens in a pipe the
+worker inherits (GNU make's jobserver protocol), so ``EVALSNAP_JUDGE_CONCURRENCY`` bounds
+the requests in flight of both together; if the worker dies holding slots, its parent puts
+them back. A Prefect global concurrency limit on judge calls (``evalsnap-judge-model``) is
+taken through the flow's Prefect context, which the worker has not: when that limit
+exists on the server, judge metrics stay in the flow's process.
 
 The worker starts when a flow that will score starts, so its imports (ADK's evaluators,
 the metrics' libraries) overlap the inference. It is one ``python -m
@@ -18,14 +26,15 @@ been.
 Nothing is lost if the worker is unusable: a task whose worker died, or is still importing
 when the task starts (a small run's inference can end first), scores its metric in its own
 process (units already written are content-addressed, so the same objects are written
-again). An error raised by the scoring itself (a config that
+again; judge answers the worker recorded are in the ledger, so with ``--reuse`` they are
+not asked again). An error raised by the scoring itself (a config that
 changed, a broken custom metric's import) comes back as the same exception type where it
 can be rebuilt, otherwise as :class:`ScoreWorkerError` carrying the type and message.
 
 ``EVALSNAP_SCORE_WORKER``: ``auto`` (default: on with two or more cores, when at least
-``EVALSNAP_SCORE_WORKER_MIN_UNITS`` units, default 200, of code metrics may score), ``on``
-(any size, and a task waits for the worker's imports rather than scoring in-process), or
-``off``.
+``EVALSNAP_SCORE_WORKER_MIN_UNITS`` units, default 200, of the worker's metrics may score),
+``on`` (any size, and a task waits for the worker's imports rather than scoring
+in-process), or ``off``.
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ from typing import Any
 from evalsnap import repo
 from evalsnap._child import module_command
 from evalsnap.errors import EvalsnapError
+from evalsnap.judge import SHARED_LIMITER_ENV, judge_limiter
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +83,7 @@ def mode() -> str:
 
 
 def wanted(units: int) -> bool:
-    """Whether a run with ``units`` code-metric units to score should start a worker."""
+    """Whether a run with ``units`` units for the worker to score should start one."""
     chosen = mode()
     if chosen == "off" or units <= 0:
         return False
@@ -84,18 +94,24 @@ def wanted(units: int) -> bool:
 
 
 def metrics_for_worker(rules: list[Any], store_url: str, runner: str, units_per_metric: int,
-                       *, reuse: bool, force: bool) -> list[str]:
+                       *, reuse: bool, force: bool, prefect_judge_limit: bool = False
+                       ) -> list[str]:
     """The metrics a run's worker would score; empty when the run should start none.
 
-    A worker is for a run that scores its code metrics itself: the thread runner (a Dask
+    A worker is for a run that scores its metrics itself: the thread runner (a Dask
     cluster has its own processes), no ``--reuse`` or with ``--force`` (a reused unit costs
     no CPU), a store another process can open (not ``memory://``), and enough units
-    (:func:`wanted`). ``rules`` are the run's ``MetricRule`` objects.
+    (:func:`wanted`). It takes every metric that calls no judge, and every second judge
+    metric in config order, unless judge calls go through a Prefect concurrency limit
+    (``prefect_judge_limit``), which only the flow's process takes. ``rules`` are the
+    run's ``MetricRule`` objects.
     """
-    code = [r.metric_name for r in rules if not r.judge]
     if runner != "threads" or (reuse and not force) or store_url.startswith("memory://"):
         return []
-    return code if wanted(len(code) * units_per_metric) else []
+    picked = [r.metric_name for r in rules if not r.judge]
+    if not prefect_judge_limit:
+        picked += [r.metric_name for r in rules if r.judge][1::2]
+    return picked if wanted(len(picked) * units_per_metric) else []
 
 
 class ScoreWorker:
@@ -104,17 +120,21 @@ class ScoreWorker:
     def __init__(self, metrics: list[str]) -> None:
         self.metrics = frozenset(metrics)
         """The metrics this worker scores; a task for any other scores in its own process."""
+        # the run's one judge limit, shared (see the module docstring)
+        self._judge = judge_limiter()
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         env = {**os.environ,
                # the same imports as here: the flow's packages, examples, user paths
                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-               "EVALSNAP_SCORE_WORKER_LOG_LEVEL": str(logging.getLogger().getEffectiveLevel())}
+               "EVALSNAP_SCORE_WORKER_LOG_LEVEL": str(logging.getLogger().getEffectiveLevel()),
+               SHARED_LIMITER_ENV: ",".join(map(str, (*self._judge.fds, self._judge.slots)))}
         try:
             self.proc = subprocess.Popen(
                 module_command("evalsnap.score_worker", str(to_child_r), str(from_child_w),
                                *metrics),
-                pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL)
+                pass_fds=(to_child_r, from_child_w, *self._judge.fds), env=env,
+                stdin=subprocess.DEVNULL)
         except BaseException:
             os.close(to_child_w)
             os.close(from_child_r)
@@ -237,6 +257,12 @@ class ScoreWorker:
             if self._dead is None:
                 self._dead = why
             pending, self._pending = self._pending, {}
+        if self.proc.poll() is not None:
+            # judge slots the worker held when it died would be gone from the run for good
+            lost = self._judge.recover()
+            if lost:
+                logger.warning("the scoring worker held %d judge slots when it stopped; "
+                               "returned them", lost)
         self._ready.set()  # wake waiters: they see _dead
         for future, _ in pending.values():
             if not future.done():

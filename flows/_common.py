@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from prefect import get_run_logger
 
-from evalsnap import repo, score_worker
+from evalsnap import repo, runners, score_worker
 from evalsnap.outcomes import InferenceOutcome
 from evalsnap.planning import Plan
 from evalsnap.scoring import unit_fingerprint
@@ -30,9 +30,15 @@ def scoring_worker(plan: Plan, runner: str, units_per_metric: int, *, reuse: boo
                    force: bool) -> Iterator[None]:
     """The flow's scoring worker process for this block, if the run should have one
     (:func:`evalsnap.score_worker.metrics_for_worker`)."""
-    with score_worker.running(score_worker.metrics_for_worker(
-            plan.selected_rules(), plan.store_url, runner, units_per_metric, reuse=reuse,
-            force=force)):
+    rules = plan.selected_rules()
+    judges = {r.metric_name for r in rules if r.judge}
+    metrics = score_worker.metrics_for_worker(rules, plan.store_url, runner, units_per_metric,
+                                              reuse=reuse, force=force)
+    if judges.intersection(metrics) and runners.limit_exists("judge"):
+        metrics = score_worker.metrics_for_worker(rules, plan.store_url, runner,
+                                                  units_per_metric, reuse=reuse, force=force,
+                                                  prefect_judge_limit=True)
+    with score_worker.running(metrics):
         yield
 
 

@@ -7,6 +7,7 @@ run of the example eval set; the reuse tests freeze new rules over the same infe
 from __future__ import annotations
 
 import asyncio
+import os
 import copy
 import json
 import threading
@@ -256,6 +257,74 @@ def test_judge_concurrency_is_bounded_across_event_loops() -> None:
     for t in threads:
         t.join(10)
     assert state["max"] == 2 and state["now"] == 0
+
+
+def _free_slots(limiter: ProcessLimiter) -> int:
+    import fcntl
+    import sys
+    import termios
+
+    raw = fcntl.ioctl(limiter.fds[0], termios.FIONREAD, b"\0\0\0\0")
+    return int.from_bytes(raw, sys.byteorder)
+
+
+def test_judge_limit_is_one_limit_across_processes() -> None:
+    """The scoring worker inherits its parent's limiter: slots held in one process are
+    missing in the other, and a process that dies holding slots can be made good."""
+    import subprocess
+    import sys
+
+    from evalsnap.judge import SHARED_LIMITER_ENV
+
+    limiter = ProcessLimiter(3)
+
+    async def take(n: int) -> None:
+        for _ in range(n):
+            await limiter.acquire()
+
+    asyncio.run(take(2))  # the parent holds 2 of 3
+    child = (
+        "import asyncio\n"
+        "from evalsnap.judge import judge_limiter\n"
+        "lim = judge_limiter()\n"
+        "async def main():\n"
+        "    await asyncio.wait_for(lim.acquire(), 5)\n"
+        "    try:\n"
+        "        await asyncio.wait_for(lim.acquire(), 0.5)\n"
+        "        print('second', lim.slots)\n"
+        "    except TimeoutError:\n"
+        "        print('blocked', lim.slots)\n"
+        "asyncio.run(main())\n")  # exits holding one slot
+    env = {**os.environ, SHARED_LIMITER_ENV: ",".join(map(str, (*limiter.fds, 3)))}
+    out = subprocess.run([sys.executable, "-c", child], pass_fds=limiter.fds, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["blocked", "3"], out.stderr
+    assert _free_slots(limiter) == 0
+    assert limiter.recover() == 1  # the child's slot, lost with it
+    limiter.release()
+    limiter.release()
+    assert _free_slots(limiter) == 3
+    assert limiter.recover() == 0
+
+
+def test_a_cancelled_wait_for_a_judge_slot_loses_no_slot() -> None:
+    limiter = ProcessLimiter(1)
+
+    async def scenario() -> bool:
+        await limiter.acquire()
+        waiters = [asyncio.ensure_future(limiter.acquire()) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        waiters[0].cancel()
+        limiter.release()  # goes to the second waiter
+        await asyncio.wait_for(waiters[1], 5)
+        waiters[2].cancel()
+        limiter.release()
+        await asyncio.gather(*waiters, return_exceptions=True)
+        await asyncio.sleep(0.05)
+        return waiters[1].done() and not waiters[1].cancelled()
+
+    assert asyncio.run(scenario())
+    assert _free_slots(limiter) == 1
 
 
 # ---- reuse -----------------------------------------------------------------------------------

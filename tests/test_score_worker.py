@@ -21,6 +21,8 @@ from tests._pipeline import EXAMPLES, example_config, example_eval_set, infer_al
 
 CODE_METRICS = ["tool_trajectory_avg_score", "response_match_score", "final_state_match",
                 "response_mentions_city"]
+#: Every second judge metric in config order goes to the worker as well.
+WORKER_JUDGE = "rubric_based_final_response_quality_v1"
 
 
 @pytest.fixture(scope="module")
@@ -73,13 +75,78 @@ def test_worker_scores_code_metrics_exactly_as_the_flows_process(frozen, monkeyp
     assert score_worker.current() is None
 
 
-def test_judge_metrics_stay_in_the_flows_process(frozen, monkeypatch):
+def test_metrics_not_given_to_the_worker_stay_in_the_flows_process(frozen, monkeypatch):
     with score_worker.running(CODE_METRICS) as worker:
         assert worker is not None
         monkeypatch.setattr(score_worker, "score_in_worker", lambda *a, **k: pytest.fail(
-            "a judge metric went to the worker"))
+            "a metric the worker was not started for went to the worker"))
         rows = score_task.fn(**_task_args(frozen, "final_response_match_v2", "run-judge"))
     assert rows and all(r["metric_name"] == "final_response_match_v2" for r in rows)
+
+
+def _ledgers(store_url: str, rows: list[dict]) -> list[tuple]:
+    """Per unit: its judge calls as (request key, sample, parsed answer), in order."""
+    from evalsnap import _ledger, repo
+    from evalsnap.records.unit import ScoreUnit
+
+    store = repo.open_store(store_url)
+    out = []
+    for row in rows:
+        unit = repo.get(store, ScoreUnit, row["unit_oid"])
+        entries = [_ledger.load_entry(store, oid) for oid in unit.ledger]
+        out.append((row["eval_id"], unit.judge_calls,
+                     tuple((e.request_key, e.sample_index, e.raw_response, e.source)
+                           for e in entries if e is not None)))
+    return sorted(out)
+
+
+def test_a_judge_metric_in_the_worker_scores_and_records_as_in_process(frozen, monkeypatch):
+    here = score_task.fn(**_task_args(frozen, WORKER_JUDGE, "judge-here"))
+    with score_worker.running([WORKER_JUDGE]) as worker:
+        assert worker is not None and worker.wait_ready(120)
+        with monkeypatch.context() as patch:
+            patch.setattr(stages, "score_metric", lambda *a, **k: pytest.fail(
+                "the judge metric was scored in the flow's process"))
+            there = score_task.fn(**_task_args(frozen, WORKER_JUDGE, "judge-there"))
+    assert _comparable(there) == _comparable(here)
+    assert sum(r["judge_calls"] for r in there) > 0
+    assert _ledgers(frozen["store_url"], there) == _ledgers(frozen["store_url"], here)
+
+
+def _tokens(limiter) -> int:
+    """Free slots of a judge limiter: the tokens in its pipe."""
+    import fcntl
+    import sys
+    import termios
+
+    raw = fcntl.ioctl(limiter.fds[0], termios.FIONREAD, b"\0\0\0\0")
+    return int.from_bytes(raw, sys.byteorder)
+
+
+def test_a_worker_killed_while_calling_the_judge_gives_its_slots_back(frozen, monkeypatch):
+    from evalsnap.judge import judge_limiter
+
+    limiter = judge_limiter()
+    assert _tokens(limiter) == limiter.slots  # nothing in flight
+    monkeypatch.setenv("EVALSNAP_DEMO_JUDGE_LATENCY_MS", "5000")  # the worker's judge hangs
+    with score_worker.running([WORKER_JUDGE]) as worker:
+        assert worker is not None and worker.wait_ready(120)
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(1)
+        try:
+            asked = pool.submit(worker.score_metric, **_worker_args(frozen, WORKER_JUDGE, "k"))
+            deadline = time.monotonic() + 60
+            while _tokens(limiter) == limiter.slots and time.monotonic() < deadline:
+                time.sleep(0.05)
+            held = limiter.slots - _tokens(limiter)
+            assert held > 0, "the worker never took a judge slot"
+            worker.proc.send_signal(signal.SIGKILL)
+            with pytest.raises(score_worker.WorkerUnavailable):
+                asked.result(timeout=60)
+        finally:
+            pool.shutdown(wait=False)
+    assert _tokens(limiter) == limiter.slots  # what the dead worker held is back
 
 
 def test_a_dead_worker_means_scoring_in_process(frozen, caplog):
@@ -124,13 +191,18 @@ def test_when_a_run_gets_a_worker(monkeypatch):
     monkeypatch.setenv("EVALSNAP_SCORE_WORKER_MIN_UNITS", "200")
     pick = score_worker.metrics_for_worker
     if (os.cpu_count() or 1) >= 2:
-        assert pick(rules, "/s", "threads", 50, reuse=False, force=False) == CODE_METRICS
-    assert pick(rules, "/s", "threads", 49, reuse=False, force=False) == []  # 196 units
+        assert pick(rules, "/s", "threads", 50, reuse=False, force=False) == \
+            CODE_METRICS + [WORKER_JUDGE]
+        # judge calls under a Prefect concurrency limit stay with the flow's Prefect context
+        assert pick(rules, "/s", "threads", 50, reuse=False, force=False,
+                    prefect_judge_limit=True) == CODE_METRICS
+    assert pick(rules, "/s", "threads", 39, reuse=False, force=False) == []  # 195 units
     assert pick(rules, "/s", "threads", 300, reuse=True, force=False) == []
     assert pick(rules, "/s", "dask", 300, reuse=False, force=False) == []
     assert pick(rules, "memory://s", "threads", 300, reuse=False, force=False) == []
     monkeypatch.setenv("EVALSNAP_SCORE_WORKER", "on")
-    assert pick(rules, "/s", "threads", 1, reuse=True, force=True) == CODE_METRICS
+    assert pick(rules, "/s", "threads", 1, reuse=True, force=True) == \
+        CODE_METRICS + [WORKER_JUDGE]
     monkeypatch.setenv("EVALSNAP_SCORE_WORKER", "off")
     assert pick(rules, "/s", "threads", 300, reuse=False, force=False) == []
 
