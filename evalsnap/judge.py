@@ -135,10 +135,8 @@ class ProcessLimiter:
         if fds is None:
             read_fd, write_fd = os.pipe()
             os.write(write_fd, b"." * self.slots)
-            self.owner = True
         else:
             read_fd, write_fd = fds
-            self.owner = False
         os.set_blocking(read_fd, False)
         self.fds = (read_fd, write_fd)
 
@@ -197,16 +195,19 @@ class ProcessLimiter:
             self._held -= 1
             os.write(self.fds[1], b".")
 
-    def recover(self) -> int:
-        """Puts back the tokens another process took and never returned; call it only once
-        that process is gone. Returns how many."""
+    def free_slots(self) -> int:
+        """Slots free right now, in every process that shares them: the tokens in the pipe."""
         import fcntl
         import termios
 
+        raw = fcntl.ioctl(self.fds[0], termios.FIONREAD, b"\0\0\0\0")
+        return int.from_bytes(raw, sys.byteorder)
+
+    def recover(self) -> int:
+        """Puts back the tokens another process took and never returned; call it only once
+        that process is gone. Returns how many."""
         with self._lock:
-            available = int.from_bytes(
-                fcntl.ioctl(self.fds[0], termios.FIONREAD, b"\0\0\0\0"), sys.byteorder)
-            missing = self.slots - self._held - available
+            missing = self.slots - self._held - self.free_slots()
             if missing > 0:
                 os.write(self.fds[1], b"." * missing)
             return max(0, missing)

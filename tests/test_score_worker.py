@@ -114,13 +114,7 @@ def test_a_judge_metric_in_the_worker_scores_and_records_as_in_process(frozen, m
 
 
 def _tokens(limiter) -> int:
-    """Free slots of a judge limiter: the tokens in its pipe."""
-    import fcntl
-    import sys
-    import termios
-
-    raw = fcntl.ioctl(limiter.fds[0], termios.FIONREAD, b"\0\0\0\0")
-    return int.from_bytes(raw, sys.byteorder)
+    return limiter.free_slots()
 
 
 def test_a_worker_killed_while_calling_the_judge_gives_its_slots_back(frozen, monkeypatch):
