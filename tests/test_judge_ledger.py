@@ -7,9 +7,9 @@ run of the example eval set; the reuse tests freeze new rules over the same infe
 from __future__ import annotations
 
 import asyncio
-import os
 import copy
 import json
+import os
 import threading
 from collections import Counter
 from pathlib import Path
