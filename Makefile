@@ -24,7 +24,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n auto --maxprocesses=4
 
 bench: $(STAMP)
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench --suite
 
 lint: $(STAMP)
 	$(BIN)/ruff check evalsnap storage flows tasks tests
