@@ -28,7 +28,7 @@ def test_regenerating_keeps_the_reading_around_the_generated_block(tmp_path):
     from bench.__main__ import BEGIN, END, merge
 
     out = tmp_path / "RESULTS.md"
-    assert merge(out, "table v1\n") == f"{BEGIN}\ntable v1\n{END}\n"
+    assert merge(out, "table v1\n") == f"# Benchmark results\n\n{BEGIN}\ntable v1\n{END}\n"
     out.write_text(f"# title\n\n{BEGIN}\ntable v1\n{END}\n\nreading\n")
     assert merge(out, "table v2\n") == f"# title\n\n{BEGIN}\ntable v2\n{END}\nreading\n"
 
