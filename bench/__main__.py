@@ -262,7 +262,7 @@ class Section:
     api: str  # "env": as the environment says; "server": a `prefect server` of the runner's
 
 
-# What `bench/RESULTS.md` publishes (`--suite`, `make bench`): about an hour on 2 cores.
+# What `bench/RESULTS.md` publishes (`--suite`, `make bench`): about 20 minutes on 2 cores.
 SUITE = (Section((300, 30), 3, (1, 2, 3, 4, 5), "env"),
          Section((3000,), 1, (6,), "env"),
          Section((300,), 3, (1, 2, 3, 4, 5), "server"))
@@ -282,7 +282,7 @@ def measure_section(section: Section, judge_concurrency: int) -> list[dict[str, 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--suite", action="store_true",
-                        help="run every table bench/RESULTS.md publishes (about an hour; "
+                        help="run every table bench/RESULTS.md publishes (about 20 minutes; "
                              "--sizes, --reps, --scenarios and --api are then ignored)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[30])
     parser.add_argument("--reps", type=int, default=3)
