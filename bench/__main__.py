@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -269,14 +269,9 @@ SUITE = (Section((300, 30), 3, (1, 2, 3, 4, 5), "env"),
 
 
 def measure_section(section: Section, judge_concurrency: int) -> list[dict[str, Any]]:
-    def go(api_url: str | None) -> list[dict[str, Any]]:
+    with prefect_server() if section.api == "server" else nullcontext() as url:
         return run(list(section.sizes), section.reps, set(section.scenarios),
-                   judge_concurrency, api_url=api_url)
-
-    if section.api == "server":
-        with prefect_server() as url:
-            return go(url)
-    return go(None)
+                   judge_concurrency, api_url=url)
 
 
 def main() -> None:
