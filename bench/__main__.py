@@ -168,7 +168,7 @@ def run(sizes: list[int], reps: int, scenarios: set[int],
 def prefect_server() -> Iterator[str]:
     """A ``prefect server`` on 127.0.0.1 for the bench's evalsnap runs (the production
     set-up: a scheduled run talks to a running server); stopped by PID afterwards."""
-    from evalsnap._prefect_env import _free_port, wait_healthy
+    from evalsnap.startup import _free_port, wait_healthy
 
     home = Path(tempfile.mkdtemp(prefix="evalsnap-bench-prefect-"))
     port = _free_port()

@@ -1,13 +1,13 @@
 """evalsnap: auditable, reusable evaluations of Google ADK agents as Prefect flows.
 
 The domain and the command line live here; ``storage`` holds the store, ``tasks`` and
-``flows`` the Prefect adapters. Import submodules directly (``evalsnap.stages``,
+``flows`` the Prefect adapters. Import submodules directly (``evalsnap.pipeline.stages``,
 ``evalsnap.records``…); nothing heavy is imported by this package itself. Importing it
 defers two heavy optional imports of ADK's evaluation package until they are used
-(``evalsnap._lazy``).
+(``evalsnap.lazy_imports``).
 """
 
-from evalsnap import _lazy
+from evalsnap import lazy_imports as _lazy
 
 _lazy.install()
 

@@ -7,7 +7,7 @@ another process gives the run that second core: every metric that calls no judge
 metric, so that both processes have judge work when the judge answers fast.
 
 One judge limit holds for the run, whichever process calls the judge: the worker draws on
-its parent's :class:`evalsnap.judge.ProcessLimiter`, whose slots are tokens in a pipe the
+its parent's :class:`evalsnap.pipeline.judge.ProcessLimiter`, whose slots are tokens in a pipe the
 worker inherits (GNU make's jobserver protocol), so ``EVALSNAP_JUDGE_CONCURRENCY`` bounds
 the requests in flight of both together; if the worker dies holding slots, its parent puts
 them back. A Prefect global concurrency limit on judge calls (``evalsnap-judge-model``) is
@@ -19,7 +19,7 @@ the metrics' libraries) overlap the inference. It is one ``python -m
 evalsnap.score_worker`` child, talking over two pipes (``multiprocessing.connection``
 framing, pickled messages); it exits when its parent closes the pipe or dies
 (:mod:`evalsnap._child`), and the flow stops it by PID on the way out. Each request is one
-metric of one snapshot, scored by the same :func:`evalsnap.stages.score_metric` a task
+metric of one snapshot, scored by the same :func:`evalsnap.pipeline.stages.score_metric` a task
 calls in-process, and flushed before the answer, so the units are where they would have
 been.
 
@@ -54,10 +54,10 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any
 
-from evalsnap import repo
 from evalsnap._child import module_command
 from evalsnap.errors import EvalsnapError
-from evalsnap.judge import SHARED_LIMITER_ENV, judge_limiter
+from evalsnap.pipeline.judge import SHARED_LIMITER_ENV, judge_limiter
+from evalsnap.records import repo
 
 logger = logging.getLogger(__name__)
 
@@ -375,7 +375,8 @@ def _serve(argv: list[str]) -> None:
     root.setLevel(int(os.environ.get("EVALSNAP_SCORE_WORKER_LOG_LEVEL", logging.WARNING)))
     root.addHandler(_Forward(send))
 
-    from evalsnap import _lazy, stages  # importing evalsnap installs the deferred imports
+    from evalsnap import lazy_imports as _lazy
+    from evalsnap.pipeline import stages  # importing evalsnap installs the deferred imports
 
     loaded = _lazy.preload(argv[2:])
     if loaded is not None:

@@ -9,7 +9,7 @@ aggregation — runs for real without the internet:
 * :class:`OfflineJudgeLlm` (``offline-judge*``) answers ADK's judge prompts by the rules in
   :mod:`examples._judge_answers`.
 
-Always import this module as ``examples.offline_models`` (the ``evalsnap.plugins`` entry
+Always import this module as ``examples.offline_models`` (the ``evalsnap.adk.plugins`` entry
 point does): a second import under another name would get its own counters.
 
 Environment knobs, read on every call so tests can ``monkeypatch.setenv``:

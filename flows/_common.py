@@ -9,10 +9,12 @@ from typing import Any, cast
 
 from prefect import get_run_logger
 
-from evalsnap import repo, runners, score_worker
-from evalsnap.outcomes import InferenceOutcome
-from evalsnap.planning import Plan
-from evalsnap.scoring import unit_fingerprint
+from evalsnap import score_worker
+from evalsnap.pipeline import runners
+from evalsnap.pipeline.outcomes import InferenceOutcome
+from evalsnap.pipeline.plan import Plan
+from evalsnap.pipeline.unit import unit_fingerprint
+from evalsnap.records import repo
 from tasks import freeze_task, publish_task, score_task
 from tasks._prefect import as_data, result_storage_for, wait_tracked
 
@@ -47,7 +49,7 @@ def freeze_score_publish(plan: Plan, *, run_id: str, kind: str,
                          concurrency: int, progress: Any = None) -> dict[str, Any]:
     """The second half of every flow. Returns the run's summary (the ``--json`` object).
 
-    ``progress`` (an ``evalsnap.artifacts.RunProgress``) advances as each metric's task ends.
+    ``progress`` (an ``evalsnap.reports.artifacts.RunProgress``) advances as each metric's task ends.
     """
     logger = get_run_logger()
     storage = result_storage_for(plan.store_url)

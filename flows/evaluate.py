@@ -11,11 +11,11 @@ from prefect.runtime import flow_run
 from prefect.states import State
 from pydantic import Field
 
-from evalsnap import runners, stages
-from evalsnap.artifacts import RunProgress
-from evalsnap.inference import inference_fingerprint
-from evalsnap.outcomes import InferenceOutcome
-from evalsnap.planning import Plan, plan_run
+from evalsnap.adk.inference import inference_fingerprint
+from evalsnap.pipeline import runners, stages
+from evalsnap.pipeline.outcomes import InferenceOutcome
+from evalsnap.pipeline.plan import Plan, plan_run
+from evalsnap.reports.artifacts import RunProgress
 from flows._common import freeze_score_publish, scoring_worker
 from tasks import infer_task
 from tasks._prefect import (

@@ -10,9 +10,9 @@ from prefect import flow
 from prefect.runtime import flow_run
 from pydantic import Field
 
-from evalsnap import runners, stages
-from evalsnap.artifacts import RunProgress
-from evalsnap.planning import plan_rescore
+from evalsnap.pipeline import runners, stages
+from evalsnap.pipeline.plan import plan_rescore
+from evalsnap.reports.artifacts import RunProgress
 from flows._common import freeze_score_publish
 from flows.evaluate import DEFAULT_STORE
 from tasks._prefect import tag_flow_run, with_parameter_docs

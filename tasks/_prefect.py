@@ -11,7 +11,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from evalsnap import repo
+from evalsnap.records import repo
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def tag_flow_run(*names: str) -> None:
 
     Task runs carry no tags on purpose: Prefect asks the API for a tag-concurrency lease
     before every tagged task run, which under a busy local API took up to 2 s per task.
-    Model calls are limited by the global limits in :mod:`evalsnap.runners` instead.
+    Model calls are limited by the global limits in :mod:`evalsnap.pipeline.runners` instead.
     """
     from prefect.client.orchestration import get_client
     from prefect.context import FlowRunContext

@@ -1,4 +1,4 @@
-"""Freeze task: a thin adapter over ``evalsnap.stages.freeze``."""
+"""Freeze task: a thin adapter over ``evalsnap.pipeline.stages.freeze``."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 from google.adk.evaluation.eval_set import EvalSet
 from prefect import task
 
-from evalsnap import repo, stages
-from evalsnap.outcomes import InferenceOutcome
-from evalsnap.records import MetricRule
+from evalsnap.pipeline import stages
+from evalsnap.pipeline.outcomes import InferenceOutcome
+from evalsnap.records import MetricRule, repo
 
 
 @task(name="freeze", persist_result=False)

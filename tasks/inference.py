@@ -1,4 +1,4 @@
-"""Inference task: a thin adapter over ``evalsnap.stages.infer_case``, one task per batch.
+"""Inference task: a thin adapter over ``evalsnap.pipeline.stages.infer_case``, one task per batch.
 
 One Prefect task run per *batch* of cases, not per case: each task run costs Prefect's
 engine and API several milliseconds (state changes, events, tag-concurrency lease), and
@@ -20,8 +20,9 @@ from prefect import task
 from prefect.context import TaskRunContext
 from prefect.runtime import task_run
 
-from evalsnap import progress, repo, runners, stages
-from evalsnap.outcomes import InferenceOutcome
+from evalsnap.pipeline import progress, runners, stages
+from evalsnap.pipeline.outcomes import InferenceOutcome
+from evalsnap.records import repo
 from tasks._prefect import retries, retry_delays
 
 
@@ -107,7 +108,7 @@ def batches(n_items: int, workers: int, size: int | None = None) -> list[range]:
 
     ``size`` (``EVALSNAP_INFER_BATCH``) fixes the batch size; by default there is about
     one batch per worker, at most 50 items each, so a retry, a cache entry or a progress
-    step is never coarse (how many run at once is :func:`evalsnap.runners.cpu_slot`'s
+    step is never coarse (how many run at once is :func:`evalsnap.pipeline.runners.cpu_slot`'s
     business). The same eval set gives the same batches, which is what lets Prefect's
     cache answer a rerun.
     """

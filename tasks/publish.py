@@ -6,11 +6,11 @@ from typing import Any
 
 from prefect import task
 
-from evalsnap import publish as publishing
-from evalsnap import repo
-from evalsnap.artifacts import publish_artifacts
-from evalsnap.outcomes import InferenceOutcome, UnitOutcome
-from evalsnap.report import summary
+from evalsnap.pipeline import publish as publishing
+from evalsnap.pipeline.outcomes import InferenceOutcome, UnitOutcome
+from evalsnap.records import repo
+from evalsnap.reports.artifacts import publish_artifacts
+from evalsnap.reports.summary import summary
 
 
 @task(name="publish", persist_result=False)
@@ -20,7 +20,7 @@ def publish_task(store_url: str, run_id: str, kind: str, snapshot_oid: str,
                  uninferred_cases: list[str] | None = None,
                  agent_dir: str | None = None) -> dict[str, Any]:
     """Publishes and returns the run's summary (the ``--json`` object)."""
-    from evalsnap.adk_history import history_writer
+    from evalsnap.adk.history import history_writer
 
     record_oid, record = publishing.publish(
         store_url, run_id=run_id, kind=kind, snapshot_oid=snapshot_oid,

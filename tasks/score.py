@@ -1,4 +1,4 @@
-"""Scoring task, one per metric: a thin adapter over ``evalsnap.stages.score_metric``."""
+"""Scoring task, one per metric: a thin adapter over ``evalsnap.pipeline.stages.score_metric``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from typing import Any
 
 from prefect import task
 
-from evalsnap import progress, repo, score_worker, stages
+from evalsnap import score_worker
+from evalsnap.pipeline import progress, stages
+from evalsnap.records import repo
 from tasks._prefect import score_cache_key
 
 

@@ -1,6 +1,6 @@
 """The pipeline as plain function calls (no Prefect, no subprocess) for fast reuse tests.
 
-``infer_all`` runs the example agent in-process through ``evalsnap.stages.infer_case``;
+``infer_all`` runs the example agent in-process through ``evalsnap.pipeline.stages.infer_case``;
 ``evaluate`` does freeze → score (every metric) → publish exactly as ``flows._common``
 wires it, and reports the judge model calls the offline judge counted meanwhile.
 """
@@ -24,10 +24,13 @@ for _p in (str(ROOT), str(EXAMPLES)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from evalsnap import publish, repo, stages  # noqa: E402
-from evalsnap.config import resolve_config  # noqa: E402
-from evalsnap.outcomes import InferenceOutcome, UnitOutcome  # noqa: E402
-from evalsnap.records import EvaluationRecord, ScoreUnit, Snapshot  # noqa: E402
+from evalsnap.adk.config import resolve_config  # noqa: E402
+from evalsnap.pipeline import (
+    publish,
+    stages,  # noqa: E402
+)
+from evalsnap.pipeline.outcomes import InferenceOutcome, UnitOutcome  # noqa: E402
+from evalsnap.records import EvaluationRecord, ScoreUnit, Snapshot, repo  # noqa: E402
 from examples import offline_models  # noqa: E402
 
 

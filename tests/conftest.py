@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from evalsnap._prefect_env import wait_healthy
+from evalsnap.startup import wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from evalsnap.verify import verify_store
+from evalsnap.reports.verify import verify_store
 from storage import OBJECT_KINDS, Store
 from tests.conftest import ROOT, SHOP, CliResult, run_cli
 

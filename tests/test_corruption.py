@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 
-from evalsnap import repo
-from evalsnap.records import EvaluationRecord, ScoreUnit
-from evalsnap.verify import verify_store
+from evalsnap.records import EvaluationRecord, ScoreUnit, repo
+from evalsnap.reports.verify import verify_store
 from storage import Store
 from tests.conftest import SHOP, run_cli
 

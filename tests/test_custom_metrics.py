@@ -16,9 +16,9 @@ from google.adk.evaluation.eval_case import EvalCase
 from google.adk.evaluation.eval_config import EvalConfig
 from google.adk.evaluation.eval_metrics import EvalMetric
 
-from evalsnap.config import _split_extensions, resolve_config
+from evalsnap.adk.config import _split_extensions, resolve_config
 from evalsnap.errors import ConfigError, MetricImportError
-from evalsnap.report import score_table
+from evalsnap.reports.summary import score_table
 from tests.metric_fixtures import good, harness
 
 GOOD = "tests.metric_fixtures.good"
@@ -204,7 +204,7 @@ def test_version_key_is_stripped_and_the_rest_is_what_adk_reads() -> None:
     stripped = EvalConfig.model_validate(adk_raw)
     assert stripped == EvalConfig.model_validate(
         {k: v for k, v in raw.items() if k not in ("metricVersions", "evalsnapPlugins")})
-    from evalsnap.agent import ensure_importable
+    from evalsnap.adk.agent import ensure_importable
 
     ensure_importable(harness.SHOP)  # the custom metric lives in the agent package
     loaded = resolve_config(raw)

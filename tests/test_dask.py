@@ -16,8 +16,8 @@ METRICS = ["tool_trajectory_avg_score", "final_response_match_v2", "response_men
 
 def _contents(store: Path, run_id: str) -> dict:
     """What must not depend on where tasks ran: fingerprints, statuses, scores."""
-    from evalsnap import repo
-    from evalsnap.show import full_record
+    from evalsnap.records import repo
+    from evalsnap.reports.show import full_record
 
     s = repo.open_store(str(store))
     oid, rec = repo.resolve_record(s, run_id)
@@ -36,7 +36,7 @@ def _contents(store: Path, run_id: str) -> dict:
 
 def test_runner_choice():
     from evalsnap.errors import UsageError
-    from evalsnap.runners import resolve_runner
+    from evalsnap.pipeline.runners import resolve_runner
 
     assert resolve_runner(None, None) == ("threads", None)
     assert resolve_runner(None, "tcp://sched:8786") == ("dask", "tcp://sched:8786")
@@ -51,7 +51,7 @@ def test_dask_local_cluster_matches_threads(shop_copy, tmp_path, monkeypatch):
     from prefect_dask import DaskTaskRunner
 
     import examples.offline_models as offline
-    from evalsnap import runners
+    from evalsnap.pipeline import runners
     from flows.evaluate import evaluate
 
     args = [str(shop_copy), str(shop_copy / EVALSET.name)]

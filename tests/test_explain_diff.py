@@ -21,11 +21,11 @@ from _pipeline import (
 )
 from typer.testing import CliRunner
 
-from evalsnap import repo
-from evalsnap.diff import diff
-from evalsnap.explain import explain
 from evalsnap.fingerprint import fingerprint
-from evalsnap.outcomes import InferenceOutcome
+from evalsnap.pipeline.outcomes import InferenceOutcome
+from evalsnap.records import repo
+from evalsnap.reports.diff import diff
+from evalsnap.reports.explain import explain
 
 CHANGED_INFERENCE = "weather_two_cities"
 

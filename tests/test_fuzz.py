@@ -19,9 +19,9 @@ from google.genai import types
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from evalsnap.config import load_config, resolve_config
+from evalsnap.adk.config import load_config, resolve_config
+from evalsnap.adk.evalset import parse_eval_set
 from evalsnap.errors import EvalsnapError
-from evalsnap.evalset import parse_eval_set
 from evalsnap.fingerprint import canonical_bytes, fingerprint
 from evalsnap.records import (
     EvaluationRecord,

@@ -1,6 +1,6 @@
 """Judge ledger: one entry per judge sample, trace coverage, failures, retries, reuse.
 
-The pipeline runs in-process through ``evalsnap.stages`` (no Prefect): one module-scoped
+The pipeline runs in-process through ``evalsnap.pipeline.stages`` (no Prefect): one module-scoped
 run of the example eval set; the reuse tests freeze new rules over the same inference.
 """
 
@@ -18,12 +18,13 @@ from typing import Any
 import pytest
 from google.adk.evaluation.eval_set import EvalSet
 
-from evalsnap import _ledger, publish, repo, stages
-from evalsnap.config import eval_metric_for, resolve_config
-from evalsnap.judge import ProcessLimiter
-from evalsnap.outcomes import InferenceOutcome, UnitOutcome
-from evalsnap.records import EvaluationRecord, LedgerEntry, ScoreUnit
-from evalsnap.scoring import score_unit
+from evalsnap.adk.config import eval_metric_for, resolve_config
+from evalsnap.pipeline import ledger as _ledger
+from evalsnap.pipeline import publish, stages
+from evalsnap.pipeline.judge import ProcessLimiter
+from evalsnap.pipeline.outcomes import InferenceOutcome, UnitOutcome
+from evalsnap.pipeline.unit import score_unit
+from evalsnap.records import EvaluationRecord, LedgerEntry, ScoreUnit, repo
 from examples import _judge_answers, offline_models
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -269,7 +270,7 @@ def test_judge_limit_is_one_limit_across_processes() -> None:
     import subprocess
     import sys
 
-    from evalsnap.judge import SHARED_LIMITER_ENV
+    from evalsnap.pipeline.judge import SHARED_LIMITER_ENV
 
     limiter = ProcessLimiter(3)
 
@@ -280,7 +281,7 @@ def test_judge_limit_is_one_limit_across_processes() -> None:
     asyncio.run(take(2))  # the parent holds 2 of 3
     child = (
         "import asyncio\n"
-        "from evalsnap.judge import judge_limiter\n"
+        "from evalsnap.pipeline.judge import judge_limiter\n"
         "lim = judge_limiter()\n"
         "async def main():\n"
         "    await asyncio.wait_for(lim.acquire(), 5)\n"

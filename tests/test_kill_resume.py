@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from evalsnap.verify import verify_store
+from evalsnap.reports.verify import verify_store
 from storage import Store
 from tests.conftest import ROOT, SHOP, CliResult, run_cli
 from tests.servers import Server, s3_create_bucket, start_moto

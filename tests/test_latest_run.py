@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from evalsnap import repo
 from evalsnap.errors import NotFoundError
-from evalsnap.records import RunManifest
+from evalsnap.records import RunManifest, repo
 
 
 def _manifest(run_id: str, created_at: str) -> RunManifest:

@@ -8,7 +8,7 @@ import sys
 from tests.conftest import ROOT
 
 PROBE = """
-import sys, evalsnap, evalsnap.planning
+import sys, evalsnap, evalsnap.pipeline.plan
 deferred = sorted(n for n in ("agentplatform", "vertexai", "rouge_score.rouge_scorer")
                   if type(sys.modules.get(n)).__name__ == "DeferredModule")
 print("deferred", deferred, "aiplatform" , "google.cloud.aiplatform" in sys.modules)
@@ -48,8 +48,8 @@ def test_can_be_switched_off():
 
 
 PRELOAD = """
-import sys, threading, evalsnap, evalsnap.planning
-from evalsnap import _lazy
+import sys, threading, evalsnap, evalsnap.pipeline.plan
+from evalsnap import lazy_imports as _lazy
 module = sys.modules["rouge_score.rouge_scorer"]
 assert type(module).__name__ == "DeferredModule"
 print("none for others", _lazy.preload(["tool_trajectory_avg_score"]) is None)
@@ -74,7 +74,7 @@ def test_preload_loads_what_a_metric_needs_in_the_background():
 
 MISSING = """
 import sys, importlib.util, evalsnap
-from evalsnap import _lazy
+from evalsnap import lazy_imports as _lazy
 print("a2a installed", importlib.util.find_spec("a2a") is not None)
 print("marked", _lazy.remember_missing())
 try:
@@ -99,7 +99,7 @@ def test_a_missing_optional_import_fails_fast_and_the_same_way():
 
 BROKEN = """
 import sys, evalsnap
-from evalsnap import _lazy
+from evalsnap import lazy_imports as _lazy
 sys.path.insert(0, sys.argv[1])
 print("registered", _lazy.install(("evalsnap_broken_dep",)))
 module = sys.modules["evalsnap_broken_dep"]

@@ -103,8 +103,7 @@ def test_rerun_deployment_end_to_end(cli, shop_copy, store_dir, worker, tmp_path
         FlowRunFilterId,
     )
 
-    from evalsnap import repo
-    from evalsnap.records import EvaluationRecord
+    from evalsnap.records import EvaluationRecord, repo
 
     evalset = shop_copy / EVALSET.name
     first = cli("run", str(shop_copy), str(evalset), "--store", str(store_dir),

@@ -137,7 +137,7 @@ def test_objects_manifests_and_task_cache_live_in_the_bucket(runs: dict[str, Any
         runs["cold"].json["run_id"], runs["warm"].json["run_id"]}
     cached = fs.find(f"{root}/v1/prefect/infer")
     n_cases = len(runs["cold"].json["cases"])
-    from evalsnap.runners import thread_workers
+    from evalsnap.pipeline.runners import thread_workers
     from tasks.inference import batches
 
     # one cache entry per inference batch (its key: the batch's inference fingerprints)

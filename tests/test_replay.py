@@ -1,6 +1,6 @@
 """``evalsnap replay`` and ``run --reuse`` over the judge ledger, through the real CLI.
 
-Four CLI runs in all (module-scoped); the rest calls ``evalsnap.replay`` in-process.
+Four CLI runs in all (module-scoped); the rest calls ``evalsnap.reports.replay`` in-process.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from google.adk.evaluation import final_response_match_v2 as frm2
 from google.adk.evaluation.llm_as_judge import AutoRaterScore
 from typer.testing import CliRunner
 
-from evalsnap import repo
 from evalsnap.cli import app
-from evalsnap.records import LedgerEntry, ScoreUnit
-from evalsnap.replay import ReplayMismatchError, replay
+from evalsnap.records import LedgerEntry, ScoreUnit, repo
+from evalsnap.reports.replay import ReplayMismatchError, replay
 from examples import offline_models
 from tests.conftest import EVALSET, SHOP, run_cli
 

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from evalsnap import repo
-from evalsnap.records import EvaluationRecord, Snapshot
+from evalsnap.records import EvaluationRecord, Snapshot, repo
 from tests.conftest import SHOP, run_cli
 
 

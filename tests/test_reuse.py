@@ -30,10 +30,11 @@ from _pipeline import (
 )
 from google.adk.evaluation.eval_set import EvalSet
 
-from evalsnap import planning, publish, repo
 from evalsnap.errors import ConfigError, UnsupportedSchemaVersion
 from evalsnap.fingerprint import fingerprint
-from evalsnap.outcomes import InferenceOutcome
+from evalsnap.pipeline import plan as planning
+from evalsnap.pipeline import publish
+from evalsnap.pipeline.outcomes import InferenceOutcome
 from evalsnap.records import (
     EvaluationRecord,
     EvaluatorIdentity,
@@ -42,6 +43,7 @@ from evalsnap.records import (
     RunManifest,
     ScoreUnit,
     Snapshot,
+    repo,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures" / "records"
@@ -240,9 +242,9 @@ def test_scoring_never_mutates_persisted_inference(world: World) -> None:
 _ROUND_TRIP = """
 import json, sys
 sys.path[:0] = [{root!r}]
-from evalsnap import repo
+from evalsnap.records import repo
 from evalsnap.records import EvaluationRecord, ScoreUnit
-from evalsnap.scoring import case_fingerprint, unit_fingerprint
+from evalsnap.pipeline.unit import case_fingerprint, unit_fingerprint
 s = repo.open_store({url!r})
 rec = repo.get(s, EvaluationRecord, {oid!r})
 snap = repo.get_snapshot(s, rec.snapshot_oid)
@@ -385,8 +387,8 @@ def test_restoring_a_record_never_imports_code_named_in_it(world: World, tmp_pat
     assert "booby_trap" not in plan.metric_names
     r = world.run(plan.selected_eval_set(), config)
     assert "booby_trap" not in {u.metric_name for u in r.record.units}
-    from evalsnap.explain import explain
-    from evalsnap.show import full_record
+    from evalsnap.reports.explain import explain
+    from evalsnap.reports.show import full_record
 
     full_record(world.store, r.record_oid, r.record)
     explain(world.store, r.record_oid, r.record)

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from evalsnap import score_worker, stages
-from evalsnap.config import resolve_config
+from evalsnap import score_worker
+from evalsnap.adk.config import resolve_config
 from evalsnap.errors import NotFoundError
+from evalsnap.pipeline import stages
 from tasks.score import score_task
 from tests._pipeline import EXAMPLES, example_config, example_eval_set, infer_all
 
@@ -86,7 +87,8 @@ def test_metrics_not_given_to_the_worker_stay_in_the_flows_process(frozen, monke
 
 def _ledgers(store_url: str, rows: list[dict]) -> list[tuple]:
     """Per unit: its judge calls as (request key, sample, parsed answer), in order."""
-    from evalsnap import _ledger, repo
+    from evalsnap.pipeline import ledger as _ledger
+    from evalsnap.records import repo
     from evalsnap.records.unit import ScoreUnit
 
     store = repo.open_store(store_url)
@@ -118,7 +120,7 @@ def _tokens(limiter) -> int:
 
 
 def test_a_worker_killed_while_calling_the_judge_gives_its_slots_back(frozen, monkeypatch):
-    from evalsnap.judge import judge_limiter
+    from evalsnap.pipeline.judge import judge_limiter
 
     limiter = judge_limiter()
     assert _tokens(limiter) == limiter.slots  # nothing in flight

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from evalsnap import repo
 from evalsnap.records import (
     EvaluationRecord,
     InferenceRecord,
@@ -21,8 +20,9 @@ from evalsnap.records import (
     ScoreUnit,
     Snapshot,
     UnitRef,
+    repo,
 )
-from evalsnap.verify import verify_store
+from evalsnap.reports.verify import verify_store
 from storage import Store
 from tests.conftest import run_cli
 

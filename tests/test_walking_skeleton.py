@@ -138,8 +138,8 @@ def test_parity_with_adk_local_eval_service(demo):
         register_custom_metrics_from_config,
     )
 
-    import evalsnap.config  # noqa: F401  (loads plugins: offline models)
-    from evalsnap.plugins import load_entry_point_plugins
+    import evalsnap.adk.config  # noqa: F401  (loads plugins: offline models)
+    from evalsnap.adk.plugins import load_entry_point_plugins
 
     load_entry_point_plugins()
     shown = demo["shown"].json

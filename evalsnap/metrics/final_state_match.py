@@ -24,7 +24,7 @@ from google.adk.evaluation.evaluator import (
 )
 from google.adk.evaluation.metric_evaluator_registry import DEFAULT_METRIC_EVALUATOR_REGISTRY
 
-import evalsnap.context  # noqa: F401  (EvaluationContext shim)
+import evalsnap.adk.context  # noqa: F401  (EvaluationContext shim)
 
 METRIC_NAME = "final_state_match"
 

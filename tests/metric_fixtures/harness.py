@@ -9,11 +9,11 @@ from typing import Any
 from google.adk.evaluation.eval_case import EvalCase
 from google.adk.evaluation.eval_set import EvalSet
 
-from evalsnap.agent import LoadedAgent, ensure_importable, load_agent
-from evalsnap.config import LoadedConfig, resolve_config
-from evalsnap.inference import CapturingSessionService, run_inference
+from evalsnap.adk.agent import LoadedAgent, ensure_importable, load_agent
+from evalsnap.adk.config import LoadedConfig, resolve_config
+from evalsnap.adk.inference import CapturingSessionService, run_inference
+from evalsnap.pipeline.unit import case_fingerprint, score_unit
 from evalsnap.records import FrozenCase, InferenceRecord, ScoreUnit
-from evalsnap.scoring import case_fingerprint, score_unit
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOP = ROOT / "examples" / "shop_agent"
@@ -45,7 +45,7 @@ def config(criteria: dict[str, Any], custom: dict[str, str] | None = None,
 
 
 def frozen(case: EvalCase, record: InferenceRecord) -> FrozenCase:
-    reference = case.model_dump(mode="json", by_alias=False)  # as evalsnap.stages.freeze does
+    reference = case.model_dump(mode="json", by_alias=False)  # as evalsnap.pipeline.stages.freeze does
     return FrozenCase(eval_id=case.eval_id, inference_oid=FAKE_OID,
                       inference_fingerprint=record.inference_fingerprint,
                       inference_ok=record.ok, reference=reference,

@@ -9,7 +9,7 @@ import sys
 from contextlib import contextmanager
 from typing import Annotated, Any
 
-from evalsnap._prefect_env import apply_defaults, prestart_for_command
+from evalsnap.startup import apply_defaults, prestart_for_command
 
 apply_defaults()
 prestart_for_command(sys.argv)  # before the heavy imports below (ADK, then Prefect)
@@ -17,8 +17,10 @@ prestart_for_command(sys.argv)  # before the heavy imports below (ADK, then Pref
 import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from evalsnap import _lazy, errors, repo  # noqa: E402
-from evalsnap.report import EXIT_INCOMPLETE, EXIT_USAGE, score_table, summary  # noqa: E402
+from evalsnap import errors  # noqa: E402
+from evalsnap import lazy_imports as _lazy  # noqa: E402
+from evalsnap.records import repo  # noqa: E402
+from evalsnap.reports.summary import EXIT_INCOMPLETE, EXIT_USAGE, score_table, summary  # noqa: E402
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Auditable, reusable evaluations of Google ADK agents.")
@@ -97,7 +99,7 @@ def _progress(enabled: bool, totals: dict[str, int]):
         return
     from rich.progress import Progress
 
-    from evalsnap import progress
+    from evalsnap.pipeline import progress
 
     with Progress(console=err, transient=True) as bar:
         ids = {stage: bar.add_task(stage, total=total) for stage, total in totals.items()}
@@ -129,7 +131,7 @@ def _scored_metrics(plan: Any, units_per_metric: int, task_runner: str | None, r
 def _run_flow(flow_fn: Any, metric_names: list[str], **params: Any) -> dict[str, Any]:
     from prefect import settings
 
-    from evalsnap._prefect_env import preload_flow_engine, wait_for_ephemeral_api
+    from evalsnap.startup import preload_flow_engine, wait_for_ephemeral_api
 
     logging.getLogger("google_adk").setLevel(logging.ERROR)
     # While the temporary API is still starting: first what the flow's start needs, then,
@@ -163,14 +165,14 @@ def run(
 ) -> None:
     """Run the agent on every case, freeze, score, publish."""
     with _handled():
-        from evalsnap._prefect_env import prestart_ephemeral_api
+        from evalsnap.startup import prestart_ephemeral_api
 
         prestart_ephemeral_api()  # a no-op if the module's import started it already
-        from evalsnap.runners import resolve_runner
+        from evalsnap.pipeline.runners import resolve_runner
 
         task_runner, dask_address = resolve_runner(task_runner, dask_address)
         repo.configure_store(store, _storage_options(storage_option))
-        from evalsnap.planning import plan_run
+        from evalsnap.pipeline.plan import plan_run
 
         plan = plan_run(agent_dir, evalset, config, store, metric, case, repetitions)
         from flows.evaluate import evaluate
@@ -207,14 +209,14 @@ def rescore(
 ) -> None:
     """Score frozen inference again with new references or rules; never calls the agent."""
     with _handled():
-        from evalsnap._prefect_env import prestart_ephemeral_api
+        from evalsnap.startup import prestart_ephemeral_api
 
         prestart_ephemeral_api()
-        from evalsnap.runners import resolve_runner
+        from evalsnap.pipeline.runners import resolve_runner
 
         task_runner, dask_address = resolve_runner(task_runner, dask_address)
         repo.configure_store(store, _storage_options(storage_option))
-        from evalsnap.planning import plan_rescore
+        from evalsnap.pipeline.plan import plan_rescore
 
         paths = list(code_path or [])
         if evalset and not paths:
@@ -241,7 +243,7 @@ def show(
     as_json: JsonOpt = False,
 ) -> None:
     """Show a record with everything it links resolved."""
-    from evalsnap.show import full_record
+    from evalsnap.reports.show import full_record
 
     with _handled():
         s = _open_store(store, storage_option)
@@ -253,7 +255,9 @@ def show(
 
 
 # Commands of each area live in their own module and register on ``app``.
-from evalsnap import cli_inspect, cli_judge, cli_store  # noqa: E402,F401
+from evalsnap.cli import inspect as cli_inspect  # noqa: E402,F401
+from evalsnap.cli import judge as cli_judge  # noqa: E402,F401
+from evalsnap.cli import store as cli_store  # noqa: E402,F401
 
 
 def main() -> None:
@@ -287,10 +291,3 @@ def main() -> None:
             pass
     os._exit(code if isinstance(code, int) else 0)
 
-
-if __name__ == "__main__":
-    # Under `python -m evalsnap.cli` this module runs as __main__; the command modules
-    # register on the importable `evalsnap.cli.app`, so dispatch through that one.
-    from evalsnap.cli import main as _main
-
-    _main()

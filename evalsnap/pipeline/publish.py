@@ -6,10 +6,9 @@ import functools
 import logging
 from typing import Any
 
-from evalsnap import repo
+from evalsnap.adk.inference import now_iso
 from evalsnap.errors import EvalsnapError
-from evalsnap.inference import now_iso
-from evalsnap.outcomes import InferenceOutcome, UnitOutcome
+from evalsnap.pipeline.outcomes import InferenceOutcome, UnitOutcome
 from evalsnap.records import (
     EvaluationRecord,
     InferenceRef,
@@ -18,6 +17,7 @@ from evalsnap.records import (
     RunSummary,
     Snapshot,
     UnitRef,
+    repo,
 )
 from storage import StorageError
 

@@ -30,10 +30,10 @@ from google.adk.evaluation.metric_evaluator_registry import (
 from google.adk.version import __version__ as ADK_VERSION
 from pydantic import ValidationError
 
-import evalsnap.context  # noqa: F401  (installs the EvaluationContext shim first)
-from evalsnap import plugins
+import evalsnap.adk.context  # noqa: F401  (installs the EvaluationContext shim first)
+from evalsnap.adk import plugins
+from evalsnap.adk.evalset import strict_json
 from evalsnap.errors import ConfigError, InputFileError, MetricImportError
-from evalsnap.evalset import strict_json
 from evalsnap.fingerprint import fingerprint
 from evalsnap.records import EvaluatorIdentity, MetricRule
 
@@ -255,7 +255,7 @@ def _resolve_rule(name: str, criterion: Any, registry: MetricEvaluatorRegistry,
             f"{where}: metric {name!r} is not known (metric is not found).{hint} Known metrics: "
             f"{known}. For a custom metric, name it under both `criteria` and `customMetrics` "
             "with codeConfig.name; for an Evaluator subclass, register it from a module named "
-            "in `evalsnapPlugins` or an `evalsnap.plugins` entry point."
+            "in `evalsnapPlugins` or an `evalsnap.adk.plugins` entry point."
         )
     evaluator_type = registry._registry[name][0]  # noqa: SLF001
     custom_path = custom_paths.get(name)

@@ -26,7 +26,7 @@ def verify(
     as_json: JsonOpt = False,
 ) -> None:
     """Re-hash and parse every object, follow every run manifest. Exit 1 if anything is wrong."""
-    from evalsnap.verify import verify_store
+    from evalsnap.reports.verify import verify_store
 
     with _handled():
         s = _open_store(store, storage_option)
@@ -56,7 +56,7 @@ def import_adk_history(
     as_json: JsonOpt = False,
 ) -> None:
     """Import ADK *.evalset_result.json files as records of kind 'import' (no snapshot)."""
-    from evalsnap.adk_history import import_history
+    from evalsnap.adk.history import import_history
 
     with _handled():
         s = _open_store(store, storage_option)

@@ -14,7 +14,7 @@ from google.adk.agents.base_agent import BaseAgent
 from google.adk.apps.app import App
 from google.adk.version import __version__ as ADK_VERSION
 
-from evalsnap import _lazy
+from evalsnap import lazy_imports as _lazy
 from evalsnap.errors import AgentLoadError, InputFileError
 from evalsnap.fingerprint import fingerprint
 

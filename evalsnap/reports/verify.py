@@ -9,7 +9,7 @@ Three passes, each reporting findings instead of stopping at the first one:
    lists must exist and be sound, and its record's links (snapshot, inference, units, judge
    ledger entries) must resolve to sound objects of the right kind.
 
-Plain Python, no Prefect; the CLI command is a thin wrapper in :mod:`evalsnap.cli_store`.
+Plain Python, no Prefect; the CLI command is a thin wrapper in :mod:`evalsnap.cli.store`.
 """
 
 from __future__ import annotations

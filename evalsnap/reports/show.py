@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from evalsnap import repo
-from evalsnap.records import EvaluationRecord, ScoreUnit
+from evalsnap.records import EvaluationRecord, ScoreUnit, repo
 
 
 def _ledger(store: Any, oids: list[str]) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """Prefect artifacts of a run: a score table, a markdown summary, and live progress.
 
 The renderers (:func:`score_rows`, :func:`summary_markdown`, :func:`artifact_key`) are
-pure functions of the ``--json`` summary (``evalsnap.report.summary``) and are tested
+pure functions of the ``--json`` summary (``evalsnap.reports.summary.summary``) and are tested
 without Prefect. :func:`publish_artifacts` and :class:`RunProgress` call Prefect's
 artifact API; they never fail a run: an artifact that cannot be written is a warning.
 """

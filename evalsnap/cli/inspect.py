@@ -6,8 +6,8 @@ from typing import Annotated, Any
 
 import typer
 
-from evalsnap import repo
 from evalsnap.cli import JsonOpt, OptionOpt, StoreOpt, _handled, _open_store, _print_json, app, out
+from evalsnap.records import repo
 
 
 @app.command()
@@ -18,8 +18,8 @@ def explain(
     as_json: JsonOpt = False,
 ) -> None:
     """For every unit: reused (from which record and run) or scored, and why."""
-    from evalsnap.explain import explain as explain_record
-    from evalsnap.explain import explain_table
+    from evalsnap.reports.explain import explain as explain_record
+    from evalsnap.reports.explain import explain_table
 
     with _handled():
         s = _open_store(store, storage_option)
@@ -41,8 +41,8 @@ def diff(
     as_json: JsonOpt = False,
 ) -> None:
     """Per case × metric: score and status changes, and which input moved."""
-    from evalsnap.diff import diff as diff_records
-    from evalsnap.diff import diff_table
+    from evalsnap.reports.diff import diff as diff_records
+    from evalsnap.reports.diff import diff_table
 
     with _handled():
         s = _open_store(store, storage_option)

@@ -27,9 +27,9 @@ from google.adk.evaluation.eval_metrics import (
 from google.adk.evaluation.eval_result import EvalCaseResult, EvalSetResult
 from google.adk.evaluation.eval_set import EvalCase
 
-from evalsnap import repo
 from evalsnap.errors import InputFileError
 from evalsnap.fingerprint import fingerprint
+from evalsnap.pipeline.unit import unit_fingerprint
 from evalsnap.records import (
     EvaluationRecord,
     InferenceRecord,
@@ -40,8 +40,8 @@ from evalsnap.records import (
     ScoreUnit,
     UnitRef,
     UnitRow,
+    repo,
 )
-from evalsnap.scoring import unit_fingerprint
 
 HISTORY_SUFFIX = ".evalset_result.json"
 

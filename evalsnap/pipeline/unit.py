@@ -16,10 +16,10 @@ from google.adk.evaluation.local_eval_service import (
 )
 from google.adk.evaluation.metric_evaluator_registry import MetricEvaluatorRegistry
 
-from evalsnap.context import make_context, run_evaluator
+from evalsnap.adk.context import make_context, run_evaluator
+from evalsnap.adk.inference import now_iso
 from evalsnap.fingerprint import fingerprint
-from evalsnap.inference import now_iso
-from evalsnap.judge import JudgeRecorder, LedgerSource, attach_recorder
+from evalsnap.pipeline.judge import JudgeRecorder, LedgerSource, attach_recorder
 from evalsnap.records import FrozenCase, InferenceRecord, MetricRule, ScoreUnit, UnitRow
 
 

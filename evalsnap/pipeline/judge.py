@@ -31,7 +31,7 @@ from google.adk.models.llm_request import LlmRequest
 from google.adk.models.llm_response import LlmResponse
 from google.genai import types
 
-from evalsnap._judge_adk import JudgeAdapter, adapter_for
+from evalsnap.adk.judge_adapters import JudgeAdapter, adapter_for
 
 logger = logging.getLogger(__name__)
 _TRANSIENT_CODES = frozenset({408, 429, 500, 502, 503, 504})
@@ -252,7 +252,7 @@ async def judge_slot(limiter: ProcessLimiter | asyncio.Semaphore | None
     async with limiter.slot() if isinstance(limiter, ProcessLimiter) else limiter:
         # Across processes and machines: the Prefect global concurrency limit named by
         # EVALSNAP_JUDGE_CONCURRENCY_LIMIT (default `evalsnap-judge-model`), if it exists.
-        from evalsnap.runners import model_slot
+        from evalsnap.pipeline.runners import model_slot
 
         async with model_slot("judge"):
             yield

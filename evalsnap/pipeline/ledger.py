@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import logging
 
-from evalsnap import repo
+from evalsnap.adk.inference import now_iso
 from evalsnap.errors import NotFoundError
-from evalsnap.inference import now_iso
-from evalsnap.judge import JudgeRecorder, LedgerAnswer, LedgerSource, sample_ref
-from evalsnap.records import FrozenCase, LedgerEntry, MetricRule
+from evalsnap.pipeline.judge import JudgeRecorder, LedgerAnswer, LedgerSource, sample_ref
+from evalsnap.records import FrozenCase, LedgerEntry, MetricRule, repo
 from storage import CorruptObjectError, ObjectNotFound, Store
 
 logger = logging.getLogger(__name__)

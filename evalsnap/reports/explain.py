@@ -1,7 +1,7 @@
 """``explain RECORD``: for every unit, reused (from where) or scored, and why.
 
 The reason of each unit is decided when the record is published (``UnitRef.why``,
-see :func:`evalsnap.publish.explain_change`); this module adds the evidence: which
+see :func:`evalsnap.pipeline.publish.explain_change`); this module adds the evidence: which
 fingerprint of the unit key differs from the parent record, so a reader can check
 the reason against the stored keys instead of trusting it.
 """
@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from evalsnap import repo
 from evalsnap.errors import EvalsnapError
 from evalsnap.fingerprint import short
-from evalsnap.records import EvaluationRecord, ScoreUnit, UnitRef
+from evalsnap.records import EvaluationRecord, ScoreUnit, UnitRef, repo
 
 __all__ = ["explain", "explain_table"]
 

@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from evalsnap import repo
 from evalsnap.cli import JsonOpt, OptionOpt, StoreOpt, _emit, _handled, _storage_options, app
+from evalsnap.records import repo
 
 
 @app.command()
@@ -21,7 +21,7 @@ def replay(
 ) -> None:
     """Parse and aggregate the recorded judge answers again; no model is called, nothing is
     written. Exit 2 when a judge request no longer matches the ledger."""
-    from evalsnap.replay import replay as replay_record
+    from evalsnap.reports.replay import replay as replay_record
 
     logging.getLogger("google_adk").setLevel(logging.ERROR)
     with _handled():

@@ -9,13 +9,12 @@ from typing import Any
 
 from google.adk.evaluation.eval_set import EvalSet
 
-from evalsnap import repo
-from evalsnap.agent import LoadedAgent, ensure_importable, load_agent
-from evalsnap.config import LoadedConfig, load_config, resolve_config
+from evalsnap.adk.agent import LoadedAgent, ensure_importable, load_agent
+from evalsnap.adk.config import LoadedConfig, load_config, resolve_config
+from evalsnap.adk.evalset import load_eval_set
 from evalsnap.errors import ConfigError, InputFileError, NotFoundError, UsageError
-from evalsnap.evalset import load_eval_set
-from evalsnap.outcomes import InferenceOutcome
-from evalsnap.records import EvaluationRecord, Snapshot
+from evalsnap.pipeline.outcomes import InferenceOutcome
+from evalsnap.records import EvaluationRecord, Snapshot, repo
 
 
 @dataclass

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from evalsnap import repo
 from evalsnap.errors import EvalsnapError
 from evalsnap.fingerprint import short
-from evalsnap.records import EvaluationRecord, FrozenCase, MetricRule, ScoreUnit, Snapshot, UnitRef
+from evalsnap.records import EvaluationRecord, FrozenCase, MetricRule, ScoreUnit, Snapshot, UnitRef, repo
 
 __all__ = ["diff", "diff_table"]
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from evalsnap import repo
-from evalsnap.records import EvaluationRecord, ScoreUnit
+from evalsnap.records import EvaluationRecord, ScoreUnit, repo
 
 EXIT_OK, EXIT_QUALITY, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from evalsnap import _ledger, repo
-from evalsnap.config import eval_metric_for, resolve_config
+from evalsnap.adk.config import eval_metric_for, resolve_config
 from evalsnap.errors import EvalsnapError
-from evalsnap.records import MetricRule, ScoreUnit, Snapshot
-from evalsnap.report import EXIT_INCOMPLETE, EXIT_OK, EXIT_QUALITY, load_units, summary
-from evalsnap.scoring import score_unit
+from evalsnap.pipeline import ledger as _ledger
+from evalsnap.pipeline.unit import score_unit
+from evalsnap.records import MetricRule, ScoreUnit, Snapshot, repo
+from evalsnap.reports.summary import EXIT_INCOMPLETE, EXIT_OK, EXIT_QUALITY, load_units, summary
 from storage import Store
 
 
@@ -105,7 +105,7 @@ async def replay(store: Store, ref: str) -> dict[str, Any]:
 
 def current_aggregation_version(registry: Any, rule: MetricRule) -> str:
     """The aggregation version the current code reports for ``rule``'s evaluator."""
-    from evalsnap._judge_adk import aggregation_version
+    from evalsnap.adk.judge_adapters import aggregation_version
 
     return aggregation_version(registry.get_evaluator(eval_metric_for(rule, None)))
 

@@ -15,16 +15,16 @@ from google.adk.evaluation.eval_case import EvalCase
 from google.adk.evaluation.eval_set import EvalSet
 from google.adk.version import __version__ as ADK_VERSION
 
-from evalsnap import _ledger, repo
-from evalsnap.agent import LoadedAgent, load_agent
-from evalsnap.config import LoadedConfig, resolve_config
+from evalsnap.adk.agent import LoadedAgent, load_agent
+from evalsnap.adk.config import LoadedConfig, resolve_config
+from evalsnap.adk.inference import inference_fingerprint, now_iso, run_inference
 from evalsnap.errors import ConfigError, EvalsnapError
 from evalsnap.fingerprint import fingerprint
-from evalsnap.inference import inference_fingerprint, now_iso, run_inference
-from evalsnap.judge import judge_limiter
-from evalsnap.outcomes import InferenceOutcome, UnitOutcome
-from evalsnap.records import FrozenCase, InferenceRecord, MetricRule, ScoreUnit, Snapshot
-from evalsnap.scoring import case_fingerprint, not_evaluated, score_unit, unit_fingerprint
+from evalsnap.pipeline import ledger as _ledger
+from evalsnap.pipeline.judge import judge_limiter
+from evalsnap.pipeline.outcomes import InferenceOutcome, UnitOutcome
+from evalsnap.pipeline.unit import case_fingerprint, not_evaluated, score_unit, unit_fingerprint
+from evalsnap.records import FrozenCase, InferenceRecord, MetricRule, ScoreUnit, Snapshot, repo
 
 logger = logging.getLogger(__name__)
 

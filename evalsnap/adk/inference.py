@@ -15,7 +15,7 @@ from google.adk.plugins.base_plugin import BasePlugin
 from google.adk.sessions.in_memory_session_service import InMemorySessionService
 from google.adk.version import __version__ as ADK_VERSION
 
-from evalsnap.agent import LoadedAgent
+from evalsnap.adk.agent import LoadedAgent
 from evalsnap.fingerprint import fingerprint
 from evalsnap.records import InferenceRecord
 
