@@ -255,7 +255,7 @@ def _resolve_rule(name: str, criterion: Any, registry: MetricEvaluatorRegistry,
             f"{where}: metric {name!r} is not known (metric is not found).{hint} Known metrics: "
             f"{known}. For a custom metric, name it under both `criteria` and `customMetrics` "
             "with codeConfig.name; for an Evaluator subclass, register it from a module named "
-            "in `evalsnapPlugins` or an `evalsnap.adk.plugins` entry point."
+            "in `evalsnapPlugins` or an `evalsnap.plugins` entry point."
         )
     evaluator_type = registry._registry[name][0]  # noqa: SLF001
     custom_path = custom_paths.get(name)
