@@ -3,7 +3,7 @@
 A plugin is a module (imported for its registration side effect) or a callable,
 declared either
 
-* as an entry point in the ``evalsnap.adk.plugins`` group of an installed
+* as an entry point in the ``evalsnap.plugins`` group of an installed
   distribution (``[project.entry-points."evalsnap.plugins"]``), loaded in every
   process that scores — the CLI, a Prefect worker's flow run, a Dask worker; or
 * in ``test_config.json`` under ``"evalsnapPlugins": ["my_pkg.metrics"]``,
@@ -33,7 +33,7 @@ _scanned = False
 
 
 def load_entry_point_plugins() -> None:
-    """Loads every ``evalsnap.adk.plugins`` entry point once per process.
+    """Loads every ``evalsnap.plugins`` entry point once per process.
 
     The installed distributions are scanned once (a scan reads every distribution's
     metadata, ~60 ms, and every config resolution asks); a plugin that failed to load is
