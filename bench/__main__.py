@@ -4,6 +4,8 @@
     python -m bench [--sizes 30 300] [--reps 3] [--scenarios 1 2 3 4 5 6] [--api env|server]
                     [--out bench/RESULTS.md]
 
+Run it from the repository root: ``bench/`` and ``examples/`` are not installed with evalsnap.
+
 Every measurement is a whole process (wall time, and peak RSS of the process tree via a wrapper), alternating
 ADK and evalsnap, medians over ``--reps``; ratios are evalsnap / ADK from the same run.
 """
@@ -89,8 +91,11 @@ def run(sizes: list[int], reps: int, scenarios: set[int],
         judge_concurrency: int = 16, api_url: str | None = None) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     # The configured rate limit: judge requests in flight per process (ADK has no such knob).
-    base_env = {**os.environ, "PYTHONPATH": str(ROOT),
-                "EVALSNAP_JUDGE_CONCURRENCY": str(judge_concurrency)}
+    # No PYTHONPATH: evalsnap runs as installed, and the demo's models come from the copied
+    # agent's own config (evalsnapPlugins), as in production; bench._adk_run imports from
+    # the working directory (the repository root).
+    base_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    base_env["EVALSNAP_JUDGE_CONCURRENCY"] = str(judge_concurrency)
     if api_url is not None:
         base_env["PREFECT_API_URL"] = api_url
     for n in sizes:

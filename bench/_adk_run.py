@@ -29,9 +29,13 @@ async def main(agent_dir: str, evalset: str, config: str) -> dict:
     sys.path.insert(0, str(Path(agent_dir).resolve().parent))
     import importlib
 
+    # Importing the agent imports its package's offline models (`<agent>.offline_models`),
+    # which registers the agent and judge models with ADK's LLMRegistry; ADK itself ignores
+    # the config's evalsnapPlugins.
     agent_mod = importlib.import_module(Path(agent_dir).name)
     root_agent = agent_mod.agent.root_agent
     raw = json.loads(Path(config).read_text())
+    raw.pop("evalsnapPlugins", None)
     for entry in (raw.get("customMetrics") or {}).values():
         entry.pop("version", None)
     raw["criteria"] = {k: v for k, v in raw["criteria"].items() if k != "final_state_match"}
@@ -56,9 +60,10 @@ async def main(agent_dir: str, evalset: str, config: str) -> dict:
 if __name__ == "__main__":
     started = time.monotonic()
     out = asyncio.run(main(*sys.argv[1:4]))
-    from examples.offline_models import counters
+    import importlib
 
-    c = counters()
+    # the demo's models, under the name the agent package gave them (one set of counters)
+    c = importlib.import_module(f"{Path(sys.argv[1]).name}.offline_models").counters()
     out.update(wall=time.monotonic() - started,
                rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                calls=dict(c))

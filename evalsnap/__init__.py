@@ -1,15 +1,15 @@
 """evalsnap: auditable, reusable evaluations of Google ADK agents as Prefect flows.
 
 The domain and the command line live here; ``storage`` holds the store, ``tasks`` and
-``flows`` the Prefect adapters. Import submodules directly (``evalsnap.pipeline.stages``,
+``flows`` the Prefect adapters. Import submodules directly (``evalsnap.pipeline.plan``,
 ``evalsnap.records``…); nothing heavy is imported by this package itself. Importing it
 defers two heavy optional imports of ADK's evaluation package until they are used
-(``evalsnap.lazy_imports``).
+(``evalsnap.startup``).
 """
 
-from evalsnap import lazy_imports as _lazy
+from evalsnap import startup
 
-_lazy.install()
+startup.install()
 
 __version__ = "0.1.0"
 

@@ -1,29 +1,71 @@
-"""Typed, actionable errors.
+"""Typed, actionable errors: the one error tree of evalsnap and its store.
 
-Every error evalsnap raises on purpose derives from :class:`EvalsnapError` and
-carries the process exit code the command line uses for it::
+Every error evalsnap raises on purpose derives from :class:`EvalsnapError` and carries the
+process exit code the command line uses for it (``exit_code``): the CLI catches
+``EvalsnapError`` alone, prints the message and exits with that code. Messages say what to
+do next, not only what failed. The whole tree (``module`` is given where it is not this
+one; ``storage.errors`` names are also importable from ``storage``)::
 
-    EvalsnapError (exit 2: bad usage, config or input)
-    ├── UsageError               a flag or argument combination that cannot work
-    ├── InputFileError           a missing or unreadable file / directory
-    ├── EvalSetError             an eval set that is not valid ADK JSON, duplicate ids…
-    ├── ConfigError              test_config.json problems, unknown metric, bad criterion
-    │   └── MetricImportError    a custom metric or plugin that cannot be imported
-    ├── AgentLoadError           an agent dir without ``root_agent``
-    ├── NotFoundError            an unknown run, snapshot or record id
-    └── UnsupportedSchemaVersion a stored object written by a newer evalsnap
+    class                        module                exit raised when
+    EvalsnapError                                      2    (base; bad usage, config or input)
+    ├── UsageError                                     2    a flag or argument combination that cannot work
+    ├── InputFileError                                 2    a missing or unreadable file / directory
+    ├── EvalSetError                                   2    an eval set that is not valid ADK JSON, duplicate ids…
+    ├── ConfigError                                    2    test_config.json problems, unknown metric, bad criterion
+    │   └── MetricImportError                          2    a custom metric or plugin that cannot be imported
+    ├── AgentLoadError                                 2    an agent dir without ``root_agent``
+    ├── NotFoundError                                  2    an unknown run, snapshot or record id
+    ├── UnsupportedSchemaVersion                       2    a record of a newer evalsnap (.kind .found .supported)
+    ├── CorruptRecordError                             2    stored bytes hash right but are not the record expected
+    ├── ReplayMismatchError                            2    replay asked what the unit's ledger does not hold
+    ├── ReplayUnavailableError                         2    no complete judge trace to replay from
+    └── StorageError             storage.errors        2    (base of everything :mod:`storage` raises)
+        ├── CorruptObjectError   storage.errors        2    bytes do not hash to their name (.url .expected .actual)
+        ├── ObjectNotFound       storage.errors        2    a content-addressed object is missing (.url)
+        ├── StoreUnavailable     storage.errors        2    unknown protocol, missing bucket, bad credentials,
+        │                                                   unreachable endpoint, local I/O failure (.url .reason)
+        └── InvalidId            storage.errors        2    an id, kind or oid fails validation (.value .what .reason)
 
-Storage problems (``storage.errors``) use the same exit code; the command line
-catches both hierarchies. Messages say what to do next, not only what failed.
+    internal control flow: plain ``Exception``, always caught before a user sees it
+    LedgerMismatch               evalsnap.pipeline.judge   replay met a request its ledger lacks (→ ReplayMismatchError)
+    RecordedJudgeError           evalsnap.pipeline.judge   replay of a judge sample that failed when recorded
+    _UnusableParent              evalsnap.pipeline.publish the previous record is unreadable: no parent pointer
+    InferenceFailed              tasks.inference           makes Prefect retry (and not cache) a failed batch
+
+Exit codes of the command line: 0 passed, 1 quality (a metric failed), 2 any error of this
+tree, 3 incomplete (something could not be evaluated, or an internal error).
+
+``CorruptObjectError`` and ``CorruptRecordError`` stay two sibling classes, neither one nor
+parent and child. ``CorruptObjectError`` is storage integrity: the bytes no longer hash to
+the id they are stored under (or a manifest's checksum fails); it carries ``url``,
+``expected`` and ``actual``, and the fix is to delete the object and recompute it. The store
+finds it on every read, knowing nothing of records. ``CorruptRecordError`` is the layer
+above: the bytes are intact (the hash is right) but do not parse as the record expected,
+e.g. written by a buggy evalsnap; there is no expected/actual hash to carry, and only
+:mod:`evalsnap.records` can tell. One class would put record schemas into ``storage``; a
+child of ``CorruptObjectError`` would carry hash attributes it cannot fill (and break its
+``__reduce__``), and would change every ``except CorruptObjectError`` that recomputes a
+damaged object (``--reuse``) into one that silently skips schema bugs too. Code that treats
+both alike names both: ``except (CorruptObjectError, CorruptRecordError)``.
+
+Lower-level errors are mapped once, where they arise: fsspec / botocore / aiohttp / gcsfs /
+``OSError`` from a store in :mod:`storage._backend` (``Backend.failures``), pydantic and
+JSON errors of ADK's ``EvalSet`` in :mod:`evalsnap.adk.evalset`, of ``EvalConfig`` and
+criteria (and ADK's ``LLMRegistry`` "Model … not found", raised when a judge evaluator is
+built) in :mod:`evalsnap.adk.config`, stored records in :mod:`evalsnap.records._base`.
+
+This module imports nothing but :mod:`typing`, so :mod:`storage` can derive from it and stay light.
 """
 
 from __future__ import annotations
+
+from typing import Any, ClassVar
 
 
 class EvalsnapError(Exception):
     """Base class; ``exit_code`` is what ``evalsnap`` exits with."""
 
-    exit_code = 2
+    exit_code: ClassVar[int] = 2
 
 
 class UsageError(EvalsnapError):
@@ -65,3 +107,18 @@ class UnsupportedSchemaVersion(EvalsnapError):
         self.kind = kind
         self.found = found
         self.supported = supported
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.kind, self.found, self.supported))
+
+
+class CorruptRecordError(EvalsnapError):
+    """Stored bytes hash correctly but do not parse as the expected record."""
+
+
+class ReplayMismatchError(EvalsnapError):
+    """A judge request made during replay is not in the unit's ledger."""
+
+
+class ReplayUnavailableError(EvalsnapError):
+    """A judge unit has no complete trace to replay from."""

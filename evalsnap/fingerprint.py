@@ -17,6 +17,7 @@ import hashlib
 import json
 from typing import Any
 
+from google.adk.version import __version__ as ADK_VERSION
 from pydantic import BaseModel
 
 CANON_VERSION = 1
@@ -93,3 +94,33 @@ def fingerprint(kind: str, value: Any) -> str:
 def short(fp: str, n: int = 12) -> str:
     """A display form of a fingerprint or object id."""
     return fp.split(":", 1)[-1][:n]
+
+
+# ---- the layered keys (DESIGN.md "Fingerprints") ----------------------------------------
+
+def case_inputs(case: Any) -> dict[str, Any]:
+    """What the agent is given: user turns or scenario, and the session input."""
+    return {
+        "user_turns": [inv.user_content.model_dump(mode="json") for inv in case.conversation or []],
+        "scenario": case.conversation_scenario.model_dump(mode="json")
+        if case.conversation_scenario else None,
+        "session_input": case.session_input.model_dump(mode="json") if case.session_input else None,
+    }
+
+
+def inference_fingerprint(agent_identity: str, case: Any, repetition: int) -> str:
+    """Agent identity + case inputs + repetition + google-adk version: run the agent again?"""
+    return fingerprint("inference", {
+        "agent": agent_identity, "inputs": case_inputs(case),
+        "repetition": repetition, "adk_version": ADK_VERSION,
+    })
+
+
+def unit_fingerprint(case_fingerprint: str, rule_fingerprint: str) -> str:
+    """A case × a rule: score this metric on this case again?"""
+    return fingerprint("unit", {"case": case_fingerprint, "rule": rule_fingerprint})
+
+
+def case_fingerprint(inference: Any, reference: dict[str, Any]) -> str:
+    """An inference record's content + the full reference case: this case's scores stale?"""
+    return fingerprint("case", {"inference": inference.content(), "reference": reference})

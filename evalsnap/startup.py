@@ -1,8 +1,22 @@
-"""Prefect settings evalsnap applies before Prefect is imported (CLI processes only)."""
+"""Start-up: everything evalsnap does to start fast, in one module.
+
+* **Prefect's temporary API, early.** The CLI starts Prefect's own ephemeral server (the same
+  uvicorn command) before its heavy imports, so the server's seconds of start-up overlap them
+  (:func:`prestart_for_command`), in a child that dies with the CLI (:func:`module_command`).
+* **Deferred imports** of ADK's heavy optional dependencies (:func:`install`), and optional
+  imports that fail fast once they have failed (:func:`remember_missing`).
+* **Prefect settings** applied before Prefect is imported (:func:`apply_defaults`).
+
+The CLI also leaves without the interpreter's teardown (``evalsnap.cli.main``).
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+import threading
+import types
 from typing import Any
 
 
@@ -21,6 +35,7 @@ def apply_defaults() -> None:
 
 
 _server: Any = None
+_server_log: Any = None
 _api_url: str | None = None
 _ready: Any = None  # the thread that waits for the server and warms it up
 _healthy: list[bool] = []
@@ -71,6 +86,12 @@ def prestart_ephemeral_api() -> None:
     if spec is None or spec.origin is None:
         return
     port = _free_port()
+    # Its log is read only if it fails to start: its shutdown logs tracebacks of event
+    # flushes it cancels, which are no business of a run that has finished.
+    global _server_log
+    import tempfile
+
+    _server_log = tempfile.TemporaryFile()
     env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
            "PREFECT__SERVER_FINAL": "1",
            # No block catalog for a UI nobody opens: registering it imports every installed
@@ -78,15 +99,13 @@ def prestart_ephemeral_api() -> None:
            # A block evalsnap saves registers its own type.
            "PREFECT_API_BLOCKS_REGISTER_ON_START": "false",
            "PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false"}
-    from evalsnap._child import module_command
-
     # dies with this process even when it is killed (no exit handler runs then)
     _server = subprocess.Popen(
         module_command("uvicorn", "--app-dir", os.path.dirname(os.path.dirname(spec.origin)),
                        "--factory", "prefect.server.api.server:create_app",
                        "--host", "127.0.0.1", "--port", str(port),
                        "--log-level", "error", "--lifespan", "on"),
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=_server_log)
     atexit.register(_stop_server)
     _api_url = f"http://127.0.0.1:{port}/api"
     os.environ["PREFECT_API_URL"] = _api_url
@@ -146,8 +165,17 @@ def wait_for_ephemeral_api(timeout: float = 90.0) -> None:
     _stop_server()
     raise EvalsnapError(
         f"the temporary Prefect API did not start within {timeout:.0f} s (exit code "
-        f"{_server.poll()}); run `prefect server start` and set PREFECT_API_URL, or check "
+        f"{_server.poll()}; its log ends: {_log_tail()!r}); run `prefect server start` and set "
+        "PREFECT_API_URL, or check "
         "PREFECT_HOME is writable.")
+
+
+def _log_tail(size: int = 2000) -> str:
+    if _server_log is None:
+        return ""
+    _server_log.seek(0, 2)
+    _server_log.seek(max(0, _server_log.tell() - size))
+    return _server_log.read().decode("utf-8", "replace").strip()
 
 
 def wait_healthy(api_url: str, process: Any, timeout: float) -> bool:
@@ -167,3 +195,169 @@ def wait_healthy(api_url: str, process: Any, timeout: float) -> bool:
         except OSError:
             time.sleep(0.1)
     return False
+
+
+# ---- children that die with their parent ----------------------------------------------------
+
+_LAUNCHER = """
+import ctypes, os, runpy, signal, sys
+if sys.platform == "linux":
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+if os.getppid() != int(sys.argv.pop(1)):
+    sys.exit(0)  # the parent died before the signal was armed
+runpy.run_module(sys.argv.pop(1), run_name="__main__", alter_sys=True)
+"""
+
+
+def module_command(module: str, *args: str) -> list[str]:
+    """The argv for ``python -m module *args`` in a child that dies with this process."""
+    return [sys.executable, "-c", _LAUNCHER, str(os.getpid()), module, *args]
+
+
+# ---- deferred imports -----------------------------------------------------------------------
+#
+# Deferred imports of heavy optional dependencies of ADK's evaluation package.
+#
+# ``google.adk.evaluation.metric_evaluator_registry`` imports every evaluator module, and two
+# of them import big libraries at module level that they only use when a metric of theirs
+# actually scores: the Vertex AI SDK (``agentplatform``, ``vertexai``: ~2.5 s) and ``pandas``
+# (~0.5 s) for the Vertex-based metrics, and ``nltk`` through ``rouge_score`` (~1.7 s) for
+# ``response_match_score``. That was most of a ``--reuse`` or ``rescore`` run's start-up,
+# where nothing scores with them.
+#
+# :func:`install` registers each such module as a :class:`DeferredModule`: the module
+# object exists at once (``import x`` and ``from pkg import x`` succeed), and its code runs in
+# full, into that same object, on the first access to a name it defines, so behaviour is
+# unchanged, only later. (The standard library's ``LazyLoader`` cannot do this on Python
+# 3.11: the import statement itself reads ``__spec__`` and so loads the module.) It does
+# nothing for a module already imported or not installed; ``EVALSNAP_LAZY_IMPORTS=0`` turns
+# it off.
+
+#: Modules used only when a metric of theirs runs (see the module docstring).
+LAZY_MODULES = ("agentplatform", "vertexai", "rouge_score.rouge_scorer", "rouge_score.tokenizers",
+                "pandas")
+
+
+class DeferredModule(types.ModuleType):
+    """A module whose code runs on the first lookup of a name it does not have yet."""
+
+    def __getattr__(self, attr: str) -> Any:
+        _load(self)
+        if type(self) is DeferredModule:  # still loading, in this thread (its own code)
+            raise AttributeError(f"module {self.__name__!r} has no attribute {attr!r}")
+        return getattr(self, attr)
+
+
+def _load(module: types.ModuleType) -> None:
+    """Runs a deferred module's code once; other threads wait for it instead of failing."""
+    state = module.__dict__
+    lock = state.get("_evalsnap_lock")
+    spec = state.get("__spec__")
+    if lock is None or spec is None or spec.loader is None:
+        return
+    with lock:  # reentrant: the module's own code may look up its names while it runs
+        if type(module) is not DeferredModule or state.get("_evalsnap_loading"):
+            return
+        state["_evalsnap_loading"] = True
+        if spec.submodule_search_locations is not None:
+            state["__path__"] = list(spec.submodule_search_locations)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            # Still deferred: the next use runs it again and raises the real error (a
+            # failed background preload must not leave a module without its names).
+            if spec.submodule_search_locations is not None:
+                state.pop("__path__", None)
+            raise
+        else:
+            object.__setattr__(module, "__class__", types.ModuleType)  # ordinary from now on
+        finally:
+            del state["_evalsnap_loading"]
+
+
+#: Deferred modules that a metric needs as soon as it scores (ADK metric name → modules).
+NEEDED_BY_METRIC = {"response_match_score": ("rouge_score.rouge_scorer",
+                                             "rouge_score.tokenizers")}
+
+
+def preload(metric_names: list[str]) -> threading.Thread | None:
+    """Loads, in a background thread, the deferred modules the given metrics will need.
+
+    The CLI calls it while it waits for Prefect's temporary API, when this process is idle:
+    the scoring tasks then find the modules loaded instead of loading them on the clock.
+    """
+    wanted = [name for metric in metric_names for name in NEEDED_BY_METRIC.get(metric, ())]
+    modules = [m for m in (sys.modules.get(name) for name in wanted)
+               if type(m) is DeferredModule]
+    if not modules:
+        return None
+
+    def run() -> None:
+        for module in modules:
+            try:
+                _load(module)
+            except Exception:  # noqa: BLE001 - the first real use reports it
+                return
+
+    thread = threading.Thread(target=run, name="evalsnap-preload", daemon=True)
+    thread.start()
+    return thread
+
+
+def install(names: tuple[str, ...] = LAZY_MODULES) -> list[str]:
+    """Registers each module as a :class:`DeferredModule`; returns the names it registered."""
+    from evalsnap import settings
+
+    if not settings.get().lazy_imports:
+        return []
+    done = []
+    for name in names:
+        if name in sys.modules:
+            continue
+        try:
+            spec = importlib.util.find_spec(name)  # imports the parent package, if any
+        except (ImportError, ValueError):
+            continue
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            continue
+        module = importlib.util.module_from_spec(spec)
+        module.__class__ = DeferredModule
+        module.__dict__["_evalsnap_lock"] = threading.RLock()
+        # A package keeps no __path__ until it loads: importing one of its submodules asks
+        # for it, and so runs the package's own code first, as a normal import would.
+        module.__dict__.pop("__path__", None)
+        sys.modules[name] = module
+        parent, _, child = name.rpartition(".")
+        if parent and parent in sys.modules:
+            setattr(sys.modules[parent], child, module)
+        done.append(name)
+    return done
+
+
+#: ADK modules that its runtime imports inside functions, in ``try/except ImportError``,
+#: for an optional dependency (``a2a``). When that dependency is missing, the import fails
+#: on every call and runs the module's code each time: ``build_node`` did so several
+#: times per agent run (~1 s per 300 runs on the GIL).
+OPTIONAL_IMPORTED_PER_CALL = ("google.adk.agents.remote_a2a_agent",)
+
+
+def remember_missing(names: tuple[str, ...] = OPTIONAL_IMPORTED_PER_CALL) -> list[str]:
+    """Makes a failed optional import fail fast from then on; returns the names it marked.
+
+    It tries each import once; a module whose import raises ``ImportError`` is entered in
+    ``sys.modules`` as ``None``, which Python answers with ``ImportError`` at once (the
+    documented way to block an import), so callers that catch it behave as before.
+    """
+    marked = []
+    for name in names:
+        if name in sys.modules:
+            continue
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            sys.modules[name] = None  # type: ignore[assignment]
+            marked.append(name)
+    return marked

@@ -10,12 +10,12 @@ from prefect import flow
 from prefect.runtime import flow_run
 from pydantic import Field
 
-from evalsnap.pipeline import runners, stages
-from evalsnap.pipeline.plan import plan_rescore
+from evalsnap.pipeline import runners
+from evalsnap.pipeline.plan import RunOptions, plan_rescore
 from evalsnap.reports.artifacts import RunProgress
-from flows._common import freeze_score_publish
 from flows.evaluate import DEFAULT_STORE
-from tasks._prefect import tag_flow_run, with_parameter_docs
+from tasks import freeze_task, publish_task, run_scoring
+from tasks.support import as_data, tag_flow_run, with_parameter_docs
 
 
 def _run_name() -> str:
@@ -52,15 +52,14 @@ def rescore(
         # config, so its parent is the import root (a UI user sets no code paths).
         code_paths = [str(Path(evalset or config or ".").resolve().parent.parent)]
     plan = plan_rescore(run_or_snapshot, store, evalset, config, metrics, cases, code_paths)
-    run_id = stages.new_run_id()
+    run = RunOptions(kind="rescore", reuse=reuse, force=force, concurrency=concurrency)
+    tag_flow_run("evalsnap", f"evalset:{plan.eval_set.eval_set_id}")
     progress = RunProgress(len(plan.metric_names) + 1,
                            f"{plan.eval_set.eval_set_id}: rescoring, publish")
-    tag_flow_run("evalsnap", f"evalset:{plan.eval_set.eval_set_id}")
     with runners.task_runner_scope(task_runner, dask_address):
-        # no scoring worker: its imports would have no inference to overlap with
-        result = freeze_score_publish(plan, run_id=run_id, kind="rescore",
-                                      outcomes=plan.source_outcomes, reuse=reuse,
-                                      force=force, concurrency=concurrency,
-                                      progress=progress)
+        outcomes = plan.source_outcomes  # the frozen inference: the agent is never called
+        snapshot_oid = freeze_task(as_data(plan.freeze_request(outcomes)))
+        units = run_scoring(plan.score_requests(run, snapshot_oid), progress)
+        result = publish_task(as_data(plan.publish_request(run, snapshot_oid, outcomes, units)))
     progress.advance()  # published
     return result

@@ -1,7 +1,8 @@
 """evalsnap's storage layer: one fsspec-backed store addressed by a URL.
 
 Plain Python, no Prefect. See :mod:`storage.store` for the on-disk layout and
-:mod:`storage.errors` for the error hierarchy.
+:mod:`storage.errors` for the error hierarchy, a subtree of :mod:`evalsnap.errors`
+(``StorageError`` derives from ``EvalsnapError``).
 """
 
 from storage.errors import (

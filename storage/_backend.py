@@ -2,7 +2,9 @@
 
 The only per-backend knowledge in the package lives here: which protocols are accepted,
 which defaults each backend gets so that failures are fast, and which exception types
-mean "the store cannot be used".
+mean "the store cannot be used". It is also the only place where those exceptions
+(fsspec, botocore, aiohttp, gcsfs, google-auth, ``OSError``) become storage errors:
+:func:`open_backend` when the URL is opened, :meth:`Backend.failures` for every call after.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,14 +85,31 @@ class Backend:
         deadline = self.deadline(nbytes, long)
         if isinstance(self.fs, AsyncFileSystem):
             kwargs["timeout"] = deadline  # consumed by fsspec's sync(): wait_for, then cancel
-        try:
+        with self.failures(what, deadline, passthrough):
             return getattr(self.fs, method)(*args, **kwargs)
+
+    @contextmanager
+    def failures(
+        self,
+        what: str,
+        deadline: float | None = None,
+        passthrough: tuple[type[BaseException], ...] = (),
+    ) -> Iterator[None]:
+        """The one place where backend exceptions become :class:`StoreUnavailable`.
+
+        Wraps every filesystem call (:meth:`call`) and every local-disk write of
+        :mod:`storage.store`; exceptions in ``passthrough`` and storage errors reach the
+        caller unchanged, anything else that :func:`backend_errors` does not name is a bug
+        and is not disguised.
+        """
+        try:
+            yield
         except passthrough:
             raise
         except StorageError:
             raise
         except backend_errors() as exc:
-            raise self.unavailable(what, exc, deadline) from exc
+            raise self.unavailable(what, exc, self.deadline() if deadline is None else deadline) from exc
 
     def unavailable(self, what: str, exc: BaseException, deadline: float) -> StoreUnavailable:
         detail = f"{type(exc).__name__}: {exc}"[:300]

@@ -1,14 +1,19 @@
-"""Typed storage errors, all in one place.
+"""Typed storage errors, all in one place: the storage subtree of evalsnap's one error tree.
 
-Hierarchy::
+Hierarchy (the whole tree is drawn in :mod:`evalsnap.errors`)::
 
-    StorageError                 exit_code = 2 (bad usage, config or input)
-    ├── CorruptObjectError       stored bytes do not hash to their name   (.url, .expected, .actual)
-    ├── ObjectNotFound           a content-addressed object is missing    (.url)
-    ├── StoreUnavailable         store cannot be used: unknown protocol,
-    │                            missing bucket, bad credentials,
-    │                            unreachable endpoint, local I/O failure  (.url, .reason)
-    └── InvalidId                an id, kind or oid fails validation      (.value, .what)
+    EvalsnapError                (evalsnap.errors; exit_code = 2: bad usage, config or input)
+    └── StorageError             base of every error raised by :mod:`storage`
+        ├── CorruptObjectError   stored bytes do not hash to their name   (.url, .expected, .actual)
+        ├── ObjectNotFound       a content-addressed object is missing    (.url)
+        ├── StoreUnavailable     store cannot be used: unknown protocol,
+        │                        missing bucket, bad credentials,
+        │                        unreachable endpoint, local I/O failure  (.url, .reason)
+        └── InvalidId            an id, kind or oid fails validation      (.value, .what, .reason)
+
+Backend exceptions (fsspec, botocore, aiohttp, gcsfs, google-auth, ``OSError``) become
+these in one place, :mod:`storage._backend`. ``evalsnap.errors`` is a leaf module (it
+imports nothing but :mod:`typing`), so this package stays light: no ADK, no Prefect.
 
 Every message names what failed and says what to do next. Messages never contain
 credentials: URLs are the store's normalized URL, which has none.
@@ -18,7 +23,9 @@ Each error pickles with its attributes (``__reduce__``) so it survives process p
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
+
+from evalsnap.errors import EvalsnapError
 
 __all__ = [
     "CorruptObjectError",
@@ -29,10 +36,8 @@ __all__ = [
 ]
 
 
-class StorageError(Exception):
-    """Base class of every error raised by :mod:`storage`."""
-
-    exit_code: ClassVar[int] = 2
+class StorageError(EvalsnapError):
+    """Base class of every error raised by :mod:`storage` (``exit_code`` 2, from the root)."""
 
 
 class CorruptObjectError(StorageError):

@@ -30,7 +30,7 @@ from storage._layout import (
     ref_rel,
 )
 from storage.errors import CorruptObjectError, ObjectNotFound, StoreUnavailable
-from storage.ids import ID_PATTERN, MAX_ID_LENGTH, OBJECT_KINDS, oid_of, validate_kind
+from storage.ids import ID_PATTERN, MAX_ID_LENGTH, OBJECT_KINDS, oid_of, validate_id, validate_kind
 
 __all__ = ["LAYOUT_VERSION", "Problem", "Store"]
 
@@ -112,11 +112,8 @@ class Store:
             self._pending_files.clear()
             self._pending_dirs.clear()
         if files or dirs:
-            try:
+            with self._b.failures(f"flushing {len(files)} writes to {self.url}"):
                 _local.fsync_paths(files, dirs)
-            except OSError as exc:
-                raise self._b.unavailable(f"flushing {len(files)} writes to {self.url}", exc,
-                                          self._b.deadline()) from exc
 
     def _deferred(self, path: str) -> None:
         with self._pending_lock:
@@ -266,6 +263,19 @@ class Store:
         """Base path for Prefect's LocalFileSystem / RemoteFileSystem result storage."""
         return self._url(f"{LAYOUT_VERSION}/prefect")
 
+    def put_task_result(self, name: str, data: bytes) -> None:
+        """Replace Prefect's cached task result ``v1/prefect/<name>`` in one write (with
+        the store's deadlines, as every other call)."""
+        rel = f"{LAYOUT_VERSION}/prefect/{validate_id(name, 'task result name')}"
+        self._ensure_ready()
+        self._write_whole(rel, as_bytes(data), f"writing {self._url(rel)}")
+
+    def get_task_result(self, name: str) -> bytes | None:
+        """The bytes of ``v1/prefect/<name>``, or ``None`` if there are none."""
+        rel = f"{LAYOUT_VERSION}/prefect/{validate_id(name, 'task result name')}"
+        self._ensure_ready()
+        return self._read(rel, f"reading {self._url(rel)}")
+
     def verify(self) -> list[Problem]:
         """Re-hash every object; report corrupt, unreadable and stray files."""
         problems: list[Problem] = []
@@ -334,10 +344,8 @@ class Store:
                durable: bool = False) -> Any:
         """Runs a local ``write`` (see :mod:`storage._local`) and returns what it returns."""
         sync = durable or self._durability == "each"
-        try:
+        with self._b.failures(what):
             result = write(self._path(rel), data, sync=sync)
-        except OSError as exc:
-            raise self._b.unavailable(what, exc, self._b.deadline()) from exc
         if not sync:
             # also when the file was there already: its writer may not have flushed it yet
             self._deferred(self._path(rel))

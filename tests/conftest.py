@@ -70,8 +70,11 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     os.environ["EVALSNAP_RETRY_DELAYS"] = "0,0"
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    if str(EXAMPLES.parent) not in sys.path:
-        sys.path.insert(0, str(EXAMPLES.parent))
+    # The repository root (tests.*, bench) and examples/, the demo agent's parent: the demo's
+    # models are imported as `shop_agent.offline_models`, the name its config gives them.
+    for path in (ROOT, EXAMPLES):
+        if str(path) not in sys.path:
+            sys.path.insert(0, str(path))
     if _is_xdist_controller(config):
         return  # each pytest-xdist worker starts its own server; the controller runs no test
     if not os.environ.get("EVALSNAP_TEST_PREFECT_API_URL"):

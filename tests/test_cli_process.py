@@ -41,15 +41,14 @@ def test_run_on_the_temporary_api_prints_everything_and_leaves_no_process(tmp_pa
                     ignore=shutil.ignore_patterns("__pycache__", ".adk"))
     marker = f"EVALSNAP_TEST_MARK={uuid.uuid4().hex}"
     env = {"PREFECT_API_URL": "", "PREFECT_HOME": str(tmp_path / "prefect-home"),
-           marker.split("=")[0]: marker.split("=")[1],
-           "EVALSNAP_SCORE_WORKER": "on"}  # its scoring worker must be gone too
+           marker.split("=")[0]: marker.split("=")[1]}
     result = run_cli("run", str(agent), str(agent / "shop.evalset.json"), "--store",
                      str(tmp_path / "store"), "--json", env=env)
     assert result.code == 3, result.stderr[-3000:]  # the demo has cases designed to fail
     summary = result.json  # exactly one complete JSON line, flushed before the fast exit
     assert summary["exit_code"] == 3 and summary["agent_calls"] > 0
     assert (tmp_path / "prefect-home" / "prefect.db").exists()  # its own API, not the tests'
-    assert _processes_with(marker) == []  # the temporary API and the worker were stopped
+    assert _processes_with(marker) == []  # the temporary API was stopped
 
     shown = run_cli("show", summary["record_id"], "--store", str(tmp_path / "store"),
                     "--json", env=env)
@@ -65,8 +64,8 @@ def test_usage_errors_keep_their_exit_code_and_message(tmp_path: Path):
 
 
 def test_a_cli_killed_mid_run_leaves_no_process_behind(tmp_path: Path):
-    """SIGKILL runs no exit handler: the temporary API and the scoring worker go with the CLI
-    because the kernel signals them when their parent dies (Linux PR_SET_PDEATHSIG)."""
+    """SIGKILL runs no exit handler: the temporary API goes with the CLI because the kernel
+    signals it when its parent dies (Linux PR_SET_PDEATHSIG)."""
     if sys.platform != "linux":
         pytest.skip("parent-death signals are Linux-only")
     agent = tmp_path / "shop_agent"
@@ -74,17 +73,17 @@ def test_a_cli_killed_mid_run_leaves_no_process_behind(tmp_path: Path):
                     ignore=shutil.ignore_patterns("__pycache__", ".adk"))
     marker = uuid.uuid4().hex
     env = {**os.environ, "PREFECT_API_URL": "", "PREFECT_HOME": str(tmp_path / "home"),
-           "EVALSNAP_TEST_MARK": marker, "EVALSNAP_SCORE_WORKER": "on"}
+           "EVALSNAP_TEST_MARK": marker}
     proc = subprocess.Popen([sys.executable, "-m", "evalsnap.cli", "run", str(agent),
                              str(agent / "shop.evalset.json"), "--store",
                              str(tmp_path / "store")], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
-        # the temporary API and the worker are both up (the worker starts with the flow)
-        while len(set(_processes_with(marker)) - {proc.pid}) < 2:
+        # the temporary API is up
+        while len(set(_processes_with(marker)) - {proc.pid}) < 1:
             assert proc.poll() is None, "the run ended before it could be killed"
-            assert time.monotonic() < deadline, "the API and worker never both ran"
+            assert time.monotonic() < deadline, "the temporary API never ran"
             time.sleep(0.1)
     finally:
         proc.kill()

@@ -50,7 +50,7 @@ def test_dask_local_cluster_matches_threads(shop_copy, tmp_path, monkeypatch):
     pytest.importorskip("prefect_dask")
     from prefect_dask import DaskTaskRunner
 
-    import examples.offline_models as offline
+    import shop_agent.offline_models as offline  # the demo's models (examples/ on sys.path)
     from evalsnap.pipeline import runners
     from flows.evaluate import evaluate
 
@@ -59,19 +59,24 @@ def test_dask_local_cluster_matches_threads(shop_copy, tmp_path, monkeypatch):
                        cases=CASES, metrics=METRICS, task_runner="threads")
 
     built: list = []
-    build = runners.build_task_runner
+    build = runners._dask_runner
 
     def spy(*a, **kw):
         built.append(build(*a, **kw))
         return built[-1]
 
+    from evalsnap import settings
+
     monkeypatch.setenv("EVALSNAP_DASK_WORKERS", "2")
-    monkeypatch.setattr(runners, "build_task_runner", spy)
+    settings.reload()
+    monkeypatch.setattr(runners, "_dask_runner", spy)
     logging.getLogger("distributed").setLevel(logging.ERROR)
     offline.reset_counters()
     result = evaluate(agent_dir=args[0], evalset=args[1], store=str(tmp_path / "dask"),
                       cases=CASES, metrics=METRICS, task_runner="dask")
 
+    monkeypatch.delenv("EVALSNAP_DASK_WORKERS")
+    settings.reload()  # the environment as it was, for later tests
     [runner] = built
     assert isinstance(runner, DaskTaskRunner)
     assert runner.cluster_kwargs == {"processes": True, "threads_per_worker": 1, "n_workers": 2}

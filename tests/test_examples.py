@@ -58,15 +58,13 @@ from google.genai import types
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
-# The repo root makes `examples.offline_models` importable; examples/ plays the role of the
-# agent dir's parent, which is how `shop_agent.metrics` (the codeConfig path) resolves.
-for _path in (str(REPO), str(EXAMPLES)):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
+# examples/ plays the role of the agent dir's parent, which is how `shop_agent.metrics` (the
+# codeConfig path) and `shop_agent.offline_models` (the config's evalsnapPlugins) resolve.
+if str(EXAMPLES) not in sys.path:
+    sys.path.insert(0, str(EXAMPLES))
 
-import shop_agent  # noqa: E402  (needs the sys.path entries above)
-
-from examples import offline_models  # noqa: E402
+import shop_agent  # noqa: E402  (needs the sys.path entry above)
+from shop_agent import offline_models  # noqa: E402
 
 AGENT_DIR = EXAMPLES / "shop_agent"
 APP = "shop_agent"
@@ -187,6 +185,8 @@ def test_eval_set_and_config_are_valid_adk_files() -> None:
     custom = raw["customMetrics"]["response_mentions_city"]
     assert custom["codeConfig"]["name"] == "shop_agent.metrics.response_mentions_city"
     assert custom["version"] == "1"  # evalsnap's key; ADK ignores it
+    # The demo registers its own models (evalsnap's key; ADK ignores it too).
+    assert raw["evalsnapPlugins"] == ["shop_agent.offline_models"]
 
 
 def test_every_case_infers(shop_run: ShopRun) -> None:
@@ -421,3 +421,54 @@ def test_register_is_idempotent_and_unknown_prompts_do_not_parse() -> None:
     _, text = asyncio.run(_ask(offline_models.OfflineJudgeLlm(), "Rate this, please."))
     assert "Verdict" not in text and "is_the_agent_response_valid" not in text
     assert offline_models.counters()["judge_calls.unrecognised"] == 1
+
+
+# What a production process gets from installing evalsnap: no demo package, no demo model.
+_OUTSIDE_PROBE = """
+import importlib.util, json, sys
+from importlib.metadata import entry_points
+from pathlib import Path
+from evalsnap.adk.agent import ensure_importable
+from evalsnap.adk.config import load_config, resolve_config
+from evalsnap.errors import ConfigError
+from google.adk.models.registry import LLMRegistry
+
+out = {"examples": importlib.util.find_spec("examples") is not None,
+       "bench": importlib.util.find_spec("bench") is not None,
+       "entry_points": sorted(ep.value for ep in entry_points(group="evalsnap.plugins"))}
+judge_only = {"criteria": {"final_response_match_v2": {"threshold": 0.5, "judgeModelOptions": {
+    "judgeModel": "offline-judge-v1", "numSamples": 1}}}}
+try:
+    resolve_config(judge_only, where="<rules of the snapshot>")
+    out["unregistered"] = None
+except ConfigError as exc:
+    out["unregistered"] = str(exc)
+copy = Path(sys.argv[1])
+ensure_importable(copy)  # as `evalsnap run` does: the agent's parent on sys.path
+load_config(copy / "test_config.json")
+judge = LLMRegistry.resolve("offline-judge-v1")
+out["judge"] = judge.__module__ + "." + judge.__qualname__
+out["judge_file"] = sys.modules[judge.__module__].__file__
+out["agent_model"] = LLMRegistry.resolve("offline-agent-v1").__module__
+print(json.dumps(out))
+"""
+
+
+def test_installed_evalsnap_has_no_demo_and_the_demo_config_registers_its_models(
+        shop_copy: Path, tmp_path: Path) -> None:
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", _OUTSIDE_PROBE, str(shop_copy)], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["examples"] is False and out["bench"] is False
+    assert out["entry_points"] == ["evalsnap.metrics:register"]
+    message = out["unregistered"]
+    assert message and "'offline-judge-v1' is not registered" in message
+    assert "evalsnapPlugins" in message and "--config" in message
+    # The copy's own models, under the one canonical name the config gives them.
+    assert out["judge"] == "shop_agent.offline_models.OfflineJudgeLlm"
+    assert out["agent_model"] == "shop_agent.offline_models"
+    assert Path(out["judge_file"]).resolve().parent == shop_copy.resolve()

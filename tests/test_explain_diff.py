@@ -1,177 +1,228 @@
-"""``explain``, ``diff`` and ``ls`` over records built with the plain stage functions.
+"""``explain``, ``diff`` and ``ls`` over records made by the real CLI.
 
-Record A scores everything. Record B (with reuse) changes one thing per input: the
-reference of ``weather_paris``, the agent output of ``weather_two_cities``, the threshold
-of ``response_match_score`` and the version of the custom metric. Record C forces a
-rescore of B's inputs. The commands run in-process through typer's runner.
+Record A (``run``) scores everything. Record B (``run --reuse``) changes one thing per input:
+the reference of ``weather_unknown_city``, the agent output of ``weather_two_cities``, the threshold
+of ``response_match_score`` and the version of the custom metric. Record C (``rescore B
+--reuse --force``) scores B's inputs again. Every command runs in a fresh process.
+
+How the agent "answers differently" for one case without changing the agent: the agent copy's
+``get_weather`` tool reads a test hook from the environment (present in A's agent already, so
+the agent identity never changes). Run X, under another eval set id (so it is nobody's
+parent) and a throwaway rule (so its units cannot be reused), runs the agent on
+``weather_two_cities`` with the hook set: a new successful inference of the same inference
+fingerprint, now the latest in the inference index, which B then reuses. Prefect's task cache is
+cleared before B (it is only a cache) so that B's inference comes from evalsnap's index.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import shutil
+from pathlib import Path
+from typing import Any
 
 import pytest
-from _pipeline import (
-    Result,
-    evaluate,
-    example_config,
-    example_eval_set,
-    infer_all,
-    with_reference_text,
-)
-from typer.testing import CliRunner
 
-from evalsnap.fingerprint import fingerprint
-from evalsnap.pipeline.outcomes import InferenceOutcome
 from evalsnap.records import repo
-from evalsnap.reports.diff import diff
-from evalsnap.reports.explain import explain
+from tests.conftest import SHOP, CliResult, run_cli
 
 CHANGED_INFERENCE = "weather_two_cities"
+CHANGED_REFERENCE = "weather_unknown_city"
+"""Not weather_paris: its user turn is the same as weather_paris_stale_reference's, so both share
+one inference fingerprint, and a --reuse run may take the other case's copy of the same answer
+(another object, whose volatile fields differ; `diff` then lists "inference" as moved too)."""
+HOOK = "EVALSNAP_TEST_WEATHER_OVERRIDE"
+WIDE = {"COLUMNS": "250"}  # tables for people: wide enough that no cell wraps
+
+
+def _patch_tools(agent: Path) -> None:
+    tools = agent / "tools.py"
+    text = tools.read_text("utf-8")
+    anchor = "    known = KNOWN_CITIES.get(city.strip().lower())\n"
+    assert anchor in text, "expected get_weather to look the city up in KNOWN_CITIES"
+    hook = (f"    import os\n    _name, _, _value = os.environ.get({HOOK!r}, '').partition('=')\n"
+            "    if _name and _name == city.strip().lower():  # test hook: 'city=condition,temp'\n"
+            "        _condition, _temp = _value.split(',')\n"
+            "        return {'status': 'ok', 'city': city, 'condition': _condition,\n"
+            "                'temperature_c': int(_temp)}\n")
+    tools.write_text(text.replace(anchor, hook + anchor), "utf-8")
+
+
+def _json(r: CliResult, what: str) -> dict[str, Any]:
+    assert r.code in (0, 1, 3), f"expected {what} to succeed, got {r.code}: {r.stderr[-3000:]}"
+    return r.json
+
+
+class Rec:
+    def __init__(self, url: str, out: dict[str, Any]) -> None:
+        self.json = out
+        self.record_oid = out["record_id"]
+        self.snapshot_oid = out["snapshot_id"]
+        oid, self.record = repo.resolve_record(repo.open_store(url), out["run_id"])
+        assert oid == self.record_oid, "expected --json record_id to be the stored record"
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Result | str]:
-    url = str(tmp_path_factory.mktemp("explain") / "store")
-    store = repo.open_store(url)
-    outcomes = infer_all(url, example_eval_set())
-    a = evaluate(url, example_eval_set(), example_config(), outcomes, reuse=False, kind="run")
-    # the agent "answers differently" for one case: a new inference record
-    changed = []
-    for o in outcomes:
-        if o.eval_id == CHANGED_INFERENCE:
-            rec = repo.get_inference(store, o.oid)
-            last = rec.invocations[-1]
-            text = last.final_response.model_copy(update={"parts": [
-                last.final_response.parts[0].model_copy(update={"text": "No idea, sorry."})]})
-            rec = rec.model_copy(update={
-                "invocations": [*rec.invocations[:-1],
-                                last.model_copy(update={"final_response": text})],
-                "inference_fingerprint": fingerprint("test-inference", "changed")})
-            o = InferenceOutcome(eval_id=o.eval_id, oid=repo.put(store, rec),
-                                 fingerprint=rec.inference_fingerprint, status="success",
-                                 run_id=rec.run_id)
-        changed.append(o)
-    config = example_config()
-    config["criteria"]["response_match_score"] = 0.99
-    config["customMetrics"]["response_mentions_city"]["version"] = "2"
-    edited = with_reference_text(example_eval_set(), "weather_paris", "Paris: sunny, 21 degrees.")
-    b = evaluate(url, edited, config, changed, reuse=True)
-    c = evaluate(url, edited, config, changed, reuse=True, force=True)
-    return {"url": url, "a": a, "b": b, "c": c}
+def records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("explain")
+    agent = root / "agents" / "shop_agent"
+    shutil.copytree(SHOP, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    _patch_tools(agent)
+    store = root / "store"
+    url = str(store)
+    evalset = agent / "shop.evalset.json"
+    config = json.loads((agent / "test_config.json").read_text("utf-8"))
+    eval_set = json.loads(evalset.read_text("utf-8"))
+
+    a = Rec(url, _json(run_cli("run", str(agent), str(evalset), "--store", url, "--json"), "A"))
+
+    # X: the agent answers differently for one case (same inference fingerprint)
+    refresh = {"eval_set_id": "shop_refresh",
+               "eval_cases": [c for c in eval_set["eval_cases"]
+                              if c["eval_id"] == CHANGED_INFERENCE]}
+    (agent / "refresh.evalset.json").write_text(json.dumps(refresh), "utf-8")
+    throwaway = {"criteria": {"tool_trajectory_avg_score": 0.123}}
+    if config.get("evalsnapPlugins"):
+        throwaway["evalsnapPlugins"] = config["evalsnapPlugins"]
+    (root / "throwaway.json").write_text(json.dumps(throwaway), "utf-8")
+    x = Rec(url, _json(run_cli("run", str(agent), str(agent / "refresh.evalset.json"),
+                               "--config", str(root / "throwaway.json"), "--store", url,
+                               "--json", env={HOOK: "tokyo=snowy,-3"}), "X"))
+    assert x.json["agent_calls"] > 0, "expected X to run the agent"
+    shutil.rmtree(store / "v1" / "prefect", ignore_errors=True)
+
+    edited_config = copy.deepcopy(config)
+    edited_config["criteria"]["response_match_score"] = 0.99
+    edited_config["customMetrics"]["response_mentions_city"]["version"] = "2"
+    (root / "edited_config.json").write_text(json.dumps(edited_config), "utf-8")
+    edited = copy.deepcopy(eval_set)
+    for case in edited["eval_cases"]:
+        if case["eval_id"] == CHANGED_REFERENCE:
+            case["conversation"][-1]["final_response"]["parts"] = [
+                {"text": "Atlantis: no data, sorry."}]
+    (agent / "edited.evalset.json").write_text(json.dumps(edited), "utf-8")
+    b = Rec(url, _json(run_cli("run", str(agent), str(agent / "edited.evalset.json"),
+                               "--config", str(root / "edited_config.json"), "--store", url,
+                               "--reuse", "--json"), "B"))
+    assert b.json["agent_calls"] == 0, "expected B to reuse every inference"
+    changed = next(i for i in b.record.inference if i.eval_id == CHANGED_INFERENCE)
+    assert changed.inference_oid == next(i.inference_oid for i in x.record.inference), \
+        "expected B to use X's inference of the changed case (the latest in the index)"
+    c = Rec(url, _json(run_cli("rescore", b.json["run_id"], "--store", url,
+                               "--evalset", str(agent / "edited.evalset.json"),
+                               "--config", str(root / "edited_config.json"),
+                               "--code-path", str(agent.parent), "--reuse", "--force",
+                               "--json"), "C"))
+    return {"url": url, "a": a, "x": x, "b": b, "c": c}
 
 
 def _by_key(units: list[dict]) -> dict[tuple[str, str], dict]:
     return {(u["eval_id"], u["metric"]): u for u in units}
 
 
-def test_explain_names_the_reason_of_every_unit(records) -> None:
-    store = repo.open_store(records["url"])
-    a, b, c = records["a"], records["b"], records["c"]
-    ea = explain(store, a.record_oid, a.record)
-    assert {u["why"] for u in ea["units"]} == {"reuse not requested"}
-    assert ea["scored_units"] == len(a.record.units) and ea["reused_units"] == 0
+def _cli_json(*args: str, url: str) -> dict[str, Any]:
+    r = run_cli(*args, "--store", url, "--json")
+    assert r.code == 0, f"expected `{' '.join(args)}` to exit 0, got {r.code}: {r.stderr[-3000:]}"
+    return r.json
 
-    eb = explain(store, b.record_oid, b.record)
-    assert eb["parent_record"] == a.record_oid
+
+def test_explain_names_the_reason_of_every_unit(records) -> None:
+    url = records["url"]
+    a, b, c = records["a"], records["b"], records["c"]
+    ea = _cli_json("explain", a.record_oid, url=url)
+    assert {u["why"] for u in ea["units"]} == {"reuse not requested"}, \
+        "expected every unit of A to say 'reuse not requested'"
+    assert ea["scored_units"] == len(a.record.units) and ea["reused_units"] == 0, \
+        "expected A to score every unit"
+
+    eb = _cli_json("explain", b.record_oid, url=url)
+    assert eb["parent_record"] == a.record_oid, "expected A as B's parent"
     units = _by_key(eb["units"])
     incomplete = {k for k, u in _by_key(ea["units"]).items() if not u["complete"]}
     for (case, metric), u in units.items():
         if metric == "response_match_score":
-            assert u["why"] == "rule changed" and "rule" in u["moved_vs_parent"]
+            assert u["why"] == "rule changed" and "rule" in u["moved_vs_parent"], (case, u)
         elif metric == "response_mentions_city":
             assert u["why"] == "evaluator version changed", (case, u["why"])
-        elif case == "weather_paris":
-            assert u["why"] == "reference changed" and u["moved_vs_parent"] == ["case"]
+        elif case == CHANGED_REFERENCE:
+            assert u["why"] == "reference changed" and u["moved_vs_parent"] == ["case"], u
         elif case == CHANGED_INFERENCE:
-            assert u["why"] == "inference changed" and u["moved_vs_parent"] == ["case"]
+            assert u["why"] == "inference changed" and u["moved_vs_parent"] == ["case"], u
         elif (case, metric) in incomplete:
-            assert u["why"] == "incomplete before" and u["action"] == "scored"
+            assert u["why"] == "incomplete before" and u["action"] == "scored", u
         else:
             assert u["action"] == "reused" and u["why"] == "reused", (case, metric)
-            assert u["reused_from_record"] == a.record_oid
-            assert u["reused_from_run"] == a.record.run_id
-            assert u["moved_vs_parent"] == []
-    assert eb["why_counts"]["reused"] == eb["reused_units"]
+            assert u["reused_from_record"] == a.record_oid, f"expected {case}/{metric} from A"
+            assert u["reused_from_run"] == a.record.run_id, f"expected {case}/{metric} from A's run"
+            assert u["moved_vs_parent"] == [], f"expected nothing moved for {case}/{metric}"
+    assert eb["why_counts"]["reused"] == eb["reused_units"], "expected the counts to agree"
 
-    ec = explain(store, c.record_oid, c.record)
-    assert {u["why"] for u in ec["units"]} == {"forced"} and ec["parent_record"] == b.record_oid
+    ec = _cli_json("explain", c.record_oid, url=url)
+    assert {u["why"] for u in ec["units"]} == {"forced"} and ec["parent_record"] == b.record_oid, \
+        "expected C forced, with B as parent"
 
 
 def test_diff_names_the_input_that_moved(records) -> None:
-    store = repo.open_store(records["url"])
+    url = records["url"]
     a, b, c = records["a"], records["b"], records["c"]
-    d = diff(store, a.record_oid, a.record, b.record_oid, b.record)
+    d = _cli_json("diff", a.record_oid, b.record_oid, url=url)
     units = _by_key(d["units"])
-    assert units[("weather_paris", "tool_trajectory_avg_score")]["moved"] == ["reference"]
+    assert units[(CHANGED_REFERENCE, "tool_trajectory_avg_score")]["moved"] == ["reference"]
     assert units[(CHANGED_INFERENCE, "tool_trajectory_avg_score")]["moved"] == ["inference"]
-    assert units[("weather_paris", "response_match_score")]["moved"] == ["reference", "rule"]
+    assert units[(CHANGED_REFERENCE, "response_match_score")]["moved"] == ["reference", "rule"]
     rms = units[("cart_add_two_items", "response_match_score")]
-    assert rms["moved"] == ["rule"] and "threshold 0.5 → 0.99" in rms["rule_changes"]
+    assert rms["moved"] == ["rule"] and "threshold 0.5 → 0.99" in rms["rule_changes"], rms
     city = units[("cart_add_two_items", "response_mentions_city")]
-    assert city["moved"] == ["rule"] and city["rule_changes"] == ["evaluator identity"]
+    assert city["moved"] == ["rule"] and city["rule_changes"] == ["evaluator identity"], city
     same = units[("cart_add_two_items", "tool_trajectory_avg_score")]
-    assert same["same_unit"] and same["change"] == "none" and same["moved"] == []
+    assert same["same_unit"] and same["change"] == "none" and same["moved"] == [], same
     # the stricter threshold turns at least one pass into a failure, and diff says so
     flipped = [u for u in d["units"] if u["metric"] == "response_match_score"
                and u["status_a"] == "PASSED" and u["status_b"] == "FAILED"]
-    assert flipped and all(u["change"] == "status" for u in flipped)
+    assert flipped and all(u["change"] == "status" for u in flipped), \
+        "expected a PASSED → FAILED flip reported as a status change"
     # the changed answer no longer matches its reference
     inf = units[(CHANGED_INFERENCE, "response_match_score")]
-    assert inf["score_b"] < inf["score_a"]
+    assert inf["score_b"] < inf["score_a"], f"expected a lower score for the changed answer: {inf}"
     # forcing the same inputs moves nothing and changes no score
-    same_inputs = diff(store, b.record_oid, b.record, c.record_oid, c.record)
-    assert {u["change"] for u in same_inputs["units"]} == {"none"}
-    assert all(u["same_unit"] for u in same_inputs["units"])
-
-
-def _invoke(*args: str):
-    from evalsnap.cli import app
-
-    return CliRunner().invoke(app, list(args))
-
-
-def _json_of(output: str) -> dict:
-    lines = [ln for ln in output.splitlines() if ln.startswith("{")]
-    assert len(lines) == 1, output[-3000:]
-    return json.loads(lines[0])
+    same_inputs = _cli_json("diff", b.record_oid, c.record_oid, url=url)
+    assert {u["change"] for u in same_inputs["units"]} == {"none"}, "expected no change B → C"
+    assert all(u["same_unit"] for u in same_inputs["units"]), "expected the same unit keys B → C"
 
 
 def test_cli_explain_diff_ls(records) -> None:
-    url, a, b, c = records["url"], records["a"], records["b"], records["c"]
-    r = _invoke("explain", b.record.run_id, "--store", url, "--json")
-    assert r.exit_code == 0, r.output
-    out = _json_of(r.output)
-    assert out["record_id"] == b.record_oid
-    assert len(out["units"]) == len(b.record.units)
+    url, a, x, b, c = (records[k] for k in ("url", "a", "x", "b", "c"))
+    out = _cli_json("explain", b.record.run_id, url=url)
+    assert out["record_id"] == b.record_oid, "expected explain by run id to find B"
+    assert len(out["units"]) == len(b.record.units), "expected one entry per unit"
 
-    r = _invoke("explain", b.record_oid, "--store", url)  # a table for people
-    assert r.exit_code == 0 and "reference changed" in r.output and "reused" in r.output
+    r = run_cli("explain", b.record_oid, "--store", url, env=WIDE)  # a table for people
+    assert r.code == 0 and "reference changed" in r.stdout and "reused" in r.stdout, r.stdout
 
-    r = _invoke("diff", a.record.run_id, b.record_oid[:20], "--store", url, "--json")
-    assert r.exit_code == 0, r.output
-    out = _json_of(r.output)
-    assert (out["record_a"], out["record_b"]) == (a.record_oid, b.record_oid)
-    assert out["changes"]["none"] > 0
+    out = _cli_json("diff", a.record.run_id, b.record_oid[:20], url=url)
+    assert (out["record_a"], out["record_b"]) == (a.record_oid, b.record_oid), \
+        "expected diff to resolve a run id and an id prefix"
+    assert out["changes"]["none"] > 0, "expected unchanged units counted"
 
-    r = _invoke("diff", a.record_oid, b.record_oid, "--store", url)
-    assert r.exit_code == 0 and "reference" in r.output and "inference" in r.output
+    r = run_cli("diff", a.record_oid, b.record_oid, "--store", url, env=WIDE)
+    assert r.code == 0 and "reference" in r.stdout and "inference" in r.stdout, r.stdout
 
-    r = _invoke("ls", "--store", url, "--json")
-    assert r.exit_code == 0, r.output
-    out = _json_of(r.output)
-    assert [x["run_id"] for x in out["runs"]] == [c.record.run_id, b.record.run_id,
-                                                  a.record.run_id]
-    assert [x["record_id"] for x in out["records"]] == [c.record_oid, b.record_oid,
-                                                        a.record_oid]
-    assert {s["snapshot_id"] for s in out["snapshots"]} == {
-        a.snapshot_oid, b.snapshot_oid, c.snapshot_oid}
-    r = _invoke("ls", "--store", url)
-    assert r.exit_code == 0
-    assert all(x.record.run_id in r.output for x in (a, b, c)), r.output
+    out = _cli_json("ls", url=url)
+    newest_first = [c, b, x, a]
+    assert [r["run_id"] for r in out["runs"]] == [v.record.run_id for v in newest_first], \
+        "expected runs newest first"
+    assert [r["record_id"] for r in out["records"]] == [v.record_oid for v in newest_first], \
+        "expected records newest first"
+    assert {s["snapshot_id"] for s in out["snapshots"]} == {v.snapshot_oid for v in newest_first}
+    r = run_cli("ls", "--store", url, env=WIDE)
+    assert r.code == 0, r.stderr
+    assert all(v.record.run_id in r.stdout for v in newest_first), r.stdout
 
 
 def test_cli_diff_unknown_record_exits_2(records) -> None:
-    r = _invoke("diff", "latest", "not-a-run", "--store", records["url"])
-    assert r.exit_code == 2
-    assert "not-a-run" in r.output and "evalsnap ls" in r.output
+    r = run_cli("diff", "latest", "not-a-run", "--store", records["url"])
+    assert r.code == 2, f"expected exit 2 for an unknown record, got {r.code}"
+    said = " ".join((r.stdout + r.stderr).split())
+    assert "not-a-run" in said and "evalsnap ls" in said, said
+

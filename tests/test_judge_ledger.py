@@ -1,7 +1,9 @@
 """Judge ledger: one entry per judge sample, trace coverage, failures, retries, reuse.
 
-The pipeline runs in-process through ``evalsnap.pipeline.stages`` (no Prefect): one module-scoped
-run of the example eval set; the reuse tests freeze new rules over the same inference.
+The pipeline runs in this process through the real flows (``flows.evaluate``,
+``flows.rescore``) on the session's Prefect server: one module-scoped run of the example
+eval set; the reuse tests rescore it with new rules. In-process, so the offline judge's
+own counters see every judge call.
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ import asyncio
 import copy
 import json
 import os
-import threading
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +22,13 @@ from google.adk.evaluation.eval_set import EvalSet
 
 from evalsnap.adk.config import eval_metric_for, resolve_config
 from evalsnap.pipeline import ledger as _ledger
-from evalsnap.pipeline import publish, stages
-from evalsnap.pipeline.judge import ProcessLimiter
-from evalsnap.pipeline.outcomes import InferenceOutcome, UnitOutcome
+from evalsnap.pipeline.freeze import FreezeRequest, freeze
+from evalsnap.pipeline.outcomes import InferenceOutcome
 from evalsnap.pipeline.unit import score_unit
 from evalsnap.records import EvaluationRecord, LedgerEntry, ScoreUnit, repo
-from examples import _judge_answers, offline_models
+from flows.evaluate import evaluate
+from flows.rescore import rescore
+from shop_agent import _judge_answers, offline_models  # the demo's (examples/ on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOP = ROOT / "examples" / "shop_agent"
@@ -34,53 +37,57 @@ RUBRIC = "rubric_based_final_response_quality_v1"
 HALLUC = "hallucinations_v1"
 
 
-# ---- a run without Prefect -------------------------------------------------------------------
+# ---- runs through the real flows -------------------------------------------------------------
 
 def example_config() -> dict[str, Any]:
     return json.loads((SHOP / "test_config.json").read_text("utf-8"))
 
 
 def only_judges(config: dict[str, Any], names: tuple[str, ...] = (FRM, RUBRIC, HALLUC)) -> dict:
-    return {"criteria": {k: v for k, v in config["criteria"].items() if k in names}}
+    return {"criteria": {k: v for k, v in config["criteria"].items() if k in names},
+            "evalsnapPlugins": config.get("evalsnapPlugins", [])}
 
 
-def infer_all(store_url: str) -> tuple[EvalSet, list[InferenceOutcome]]:
-    eval_set = EvalSet.model_validate_json((SHOP / "shop.evalset.json").read_text("utf-8"))
+@dataclass(frozen=True)
+class UnitView:
+    """A published unit as these tests read it: the record's reference + the stored unit."""
 
-    async def go() -> list[InferenceOutcome]:
-        return list(await asyncio.gather(*(
-            stages.infer_case(store_url, str(SHOP), c.model_dump(mode="json"),
-                              eval_set.eval_set_id, 0, "infer", reuse=True)
-            for c in eval_set.eval_cases)))
-    return eval_set, asyncio.run(go())
+    eval_id: str
+    metric_name: str
+    unit_oid: str
+    why: str
+    judge_calls: int
+    reused_judge_samples: int
 
 
-def score_all(store_url: str, eval_set: EvalSet, outcomes: list[InferenceOutcome],
-              config: dict[str, Any], *, reuse: bool) -> tuple[str, EvaluationRecord,
-                                                               list[UnitOutcome], int]:
-    """freeze → score every metric → publish, as the flows wire it; + live judge calls."""
-    loaded = resolve_config(copy.deepcopy(config), where="<test config>")
-    run_id = stages.new_run_id()
+def _published(url: str, record_oid: str) -> tuple[EvaluationRecord, list[UnitView]]:
+    store = repo.open_store(url)
+    record = repo.get(store, EvaluationRecord, record_oid)
+    views = []
+    for ref in record.units:
+        unit = repo.get(store, ScoreUnit, ref.unit_oid)
+        reused = sum(1 for oid in unit.ledger
+                     if repo.get(store, LedgerEntry, oid).source == "ledger")
+        views.append(UnitView(ref.eval_id, ref.metric_name, ref.unit_oid, ref.why,
+                              unit.judge_calls, reused))
+    return record, views
+
+
+def score_all(first: dict[str, Any], config: dict[str, Any], *,
+              reuse: bool) -> tuple[str, EvaluationRecord, list[UnitView], int]:
+    """``rescore`` of the first run with ``config`` (the real flow); + live judge calls."""
+    path = Path(first["url"]).parent / f"config-{len(os.listdir(Path(first['url']).parent))}.json"
+    path.write_text(json.dumps(config), "utf-8")
     before = offline_models.counters()["judge_calls"]
-    snapshot_oid = stages.freeze(store_url, eval_set, loaded.rules, outcomes, "shop_agent")
-
-    async def go() -> list[UnitOutcome]:
-        out: list[UnitOutcome] = []
-        for rule in loaded.rules:
-            out += await stages.score_metric(
-                store_url, snapshot_oid, rule.metric_name, json.dumps(config, sort_keys=True),
-                "<test config>", [str(SHOP.parent)], run_id, reuse, False, concurrency=16)
-        return out
-
-    units = asyncio.run(go())
+    result = rescore(run_or_snapshot=first["run_id"], config=str(path), store=first["url"],
+                     reuse=reuse, code_paths=[str(SHOP.parent)])
     calls = offline_models.counters()["judge_calls"] - before
-    oid, record = publish.publish(store_url, run_id=run_id, kind="rescore",
-                                  snapshot_oid=snapshot_oid, inference=outcomes, units=units,
-                                  reuse=reuse, force=False)
-    return oid, record, units, calls
+    record, units = _published(first["url"], result["record_id"])
+    assert result["judge_calls"] == calls, "--json judge_calls counts the calls made"
+    return result["record_id"], record, units, calls
 
 
-def units_of(store_url: str, units: list[UnitOutcome]) -> dict[tuple[str, str], ScoreUnit]:
+def units_of(store_url: str, units: list[UnitView]) -> dict[tuple[str, str], ScoreUnit]:
     store = repo.open_store(store_url)
     return {(u.eval_id, u.metric_name): repo.get(store, ScoreUnit, u.unit_oid) for u in units}
 
@@ -96,19 +103,26 @@ def samples_of(config: dict[str, Any], metric: str) -> int:
 
 @pytest.fixture(scope="module")
 def first(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The example eval set, every metric, scored once without --reuse."""
+    """The example eval set, every metric, scored once without --reuse (the evaluate flow)."""
     with pytest.MonkeyPatch.context() as mp:
-        for key in [k for k in __import__("os").environ if k.startswith("EVALSNAP_DEMO_")]:
+        for key in [k for k in os.environ if k.startswith("EVALSNAP_DEMO_")]:
             mp.delenv(key)
         url = str(tmp_path_factory.mktemp("ledger") / "store")
-        repo.open_store(url).check()
-        eval_set, outcomes = infer_all(url)
-        config = example_config()
-        oid, record, units, calls = score_all(url, eval_set, outcomes, config, reuse=False)
+        before = offline_models.counters()["judge_calls"]
+        result = evaluate(agent_dir=str(SHOP), evalset=str(SHOP / "shop.evalset.json"),
+                          store=url)
+        calls = offline_models.counters()["judge_calls"] - before
+        record, units = _published(url, result["record_id"])
         store = repo.open_store(url)
+        outcomes = [InferenceOutcome(eval_id=i.eval_id, repetition=i.repetition,
+                                     oid=i.inference_oid, fingerprint=i.inference_fingerprint,
+                                     status=i.status, run_id=record.run_id)
+                    for i in record.inference]
         n_inv = {o.eval_id: len(repo.get_inference(store, o.oid).invocations) for o in outcomes}
-        return dict(url=url, eval_set=eval_set, outcomes=outcomes, config=config, record=record,
-                    units=units_of(url, units), judge_calls=calls, n_inv=n_inv)
+        eval_set = EvalSet.model_validate_json((SHOP / "shop.evalset.json").read_text("utf-8"))
+        return dict(url=url, run_id=record.run_id, eval_set=eval_set, outcomes=outcomes,
+                    config=example_config(), record=record, units=units_of(url, units),
+                    judge_calls=calls, n_inv=n_inv)
 
 
 # ---- what is recorded ------------------------------------------------------------------------
@@ -130,7 +144,7 @@ def test_one_ledger_entry_per_judge_sample(first: dict[str, Any]) -> None:
             assert e.request["contents"][0]["parts"][0]["text"]  # the rendered prompt
             assert e.raw_response and e.parse_ok and e.error is None
             assert e.judge_model == {"model": "offline-judge-v1",
-                                     "class": "examples.offline_models.OfflineJudgeLlm"}
+                                     "class": "shop_agent.offline_models.OfflineJudgeLlm"}
             assert e.aggregation_version.startswith("adk-") and e.evaluator.endswith("Evaluator")
         if metric == FRM:
             assert sorted(e.sample_index for e in got) == sorted(list(range(3)) * n)
@@ -157,8 +171,10 @@ def _one_unit(first: dict[str, Any], criteria: dict[str, Any], metric: str,
     rule = next(r for r in loaded.rules if r.metric_name == metric)
     store = repo.open_store(first["url"])
     outcome = next(o for o in first["outcomes"] if o.eval_id == eval_id)
-    snapshot = stages.freeze(first["url"], first["eval_set"], loaded.rules, first["outcomes"],
-                             "shop_agent")
+    snapshot = freeze(FreezeRequest(store_url=first["url"],
+                                     eval_set_json=first["eval_set"].model_dump_json(),
+                                     rules=loaded.rules, outcomes=first["outcomes"],
+                                     app_name="shop_agent"))
     frozen = next(c for c in repo.get_snapshot(store, snapshot).cases if c.eval_id == eval_id)
     return asyncio.run(score_unit(rule, eval_metric_for(rule, None), frozen,
                                   repo.get_inference(store, outcome.oid), loaded.registry))
@@ -237,92 +253,6 @@ def test_transient_judge_errors_are_retried_and_every_attempt_recorded(
     assert unit.complete and unit.status == "PASSED" and unit.judge_calls == 4
 
 
-def test_judge_concurrency_is_bounded_across_event_loops() -> None:
-    limiter, lock, state = ProcessLimiter(2), threading.Lock(), {"now": 0, "max": 0}
-
-    async def one() -> None:
-        async with limiter.slot():
-            with lock:
-                state["now"] += 1
-                state["max"] = max(state["max"], state["now"])
-            await asyncio.sleep(0.01)
-            with lock:
-                state["now"] -= 1
-
-    async def many() -> None:
-        await asyncio.gather(*(one() for _ in range(8)))
-
-    threads = [threading.Thread(target=asyncio.run, args=(many(),)) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    assert state["max"] == 2 and state["now"] == 0
-
-
-def _free_slots(limiter) -> int:
-    return limiter.free_slots()
-
-
-def test_judge_limit_is_one_limit_across_processes() -> None:
-    """The scoring worker inherits its parent's limiter: slots held in one process are
-    missing in the other, and a process that dies holding slots can be made good."""
-    import subprocess
-    import sys
-
-    from evalsnap.pipeline.judge import SHARED_LIMITER_ENV
-
-    limiter = ProcessLimiter(3)
-
-    async def take(n: int) -> None:
-        for _ in range(n):
-            await limiter.acquire()
-
-    asyncio.run(take(2))  # the parent holds 2 of 3
-    child = (
-        "import asyncio\n"
-        "from evalsnap.pipeline.judge import judge_limiter\n"
-        "lim = judge_limiter()\n"
-        "async def main():\n"
-        "    await asyncio.wait_for(lim.acquire(), 5)\n"
-        "    try:\n"
-        "        await asyncio.wait_for(lim.acquire(), 0.5)\n"
-        "        print('second', lim.slots)\n"
-        "    except TimeoutError:\n"
-        "        print('blocked', lim.slots)\n"
-        "asyncio.run(main())\n")  # exits holding one slot
-    env = {**os.environ, SHARED_LIMITER_ENV: ",".join(map(str, (*limiter.fds, 3)))}
-    out = subprocess.run([sys.executable, "-c", child], pass_fds=limiter.fds, env=env,
-                         capture_output=True, text=True, timeout=120)
-    assert out.stdout.split() == ["blocked", "3"], out.stderr
-    assert _free_slots(limiter) == 0
-    assert limiter.recover() == 1  # the child's slot, lost with it
-    limiter.release()
-    limiter.release()
-    assert _free_slots(limiter) == 3
-    assert limiter.recover() == 0
-
-
-def test_a_cancelled_wait_for_a_judge_slot_loses_no_slot() -> None:
-    limiter = ProcessLimiter(1)
-
-    async def scenario() -> bool:
-        await limiter.acquire()
-        waiters = [asyncio.ensure_future(limiter.acquire()) for _ in range(3)]
-        await asyncio.sleep(0.05)
-        waiters[0].cancel()
-        limiter.release()  # goes to the second waiter
-        await asyncio.wait_for(waiters[1], 5)
-        waiters[2].cancel()
-        limiter.release()
-        await asyncio.gather(*waiters, return_exceptions=True)
-        await asyncio.sleep(0.05)
-        return waiters[1].done() and not waiters[1].cancelled()
-
-    assert asyncio.run(scenario())
-    assert _free_slots(limiter) == 1
-
-
 # ---- reuse -----------------------------------------------------------------------------------
 
 def _changed(config: dict[str, Any], metric: str, **options: Any) -> dict[str, Any]:
@@ -339,8 +269,7 @@ def _changed(config: dict[str, Any], metric: str, **options: Any) -> dict[str, A
 def test_threshold_only_change_with_reuse_makes_no_judge_call(first: dict[str, Any]) -> None:
     config = _changed(only_judges(first["config"], (FRM,)), FRM, threshold=0.0)
     offline_models.reset_counters()
-    _, record, outcomes, calls = score_all(first["url"], first["eval_set"], first["outcomes"],
-                                           config, reuse=True)
+    _, record, outcomes, calls = score_all(first, config, reuse=True)
     n = sum(first["n_inv"].values())
     assert calls == 0 and record.summary.judge_calls == 0
     assert record.summary.reused_judge_samples == 3 * n
@@ -355,8 +284,7 @@ def test_threshold_only_change_with_reuse_makes_no_judge_call(first: dict[str, A
 
 def test_more_samples_ask_the_judge_only_for_the_new_ones(first: dict[str, Any]) -> None:
     config = _changed(only_judges(first["config"], (FRM,)), FRM, numSamples=5)
-    _, record, outcomes, calls = score_all(first["url"], first["eval_set"], first["outcomes"],
-                                           config, reuse=True)
+    _, record, outcomes, calls = score_all(first, config, reuse=True)
     n = sum(first["n_inv"].values())
     assert calls == record.summary.judge_calls == 2 * n
     for u in outcomes:

@@ -11,6 +11,7 @@ import pytest
 
 from evalsnap.errors import NotFoundError
 from evalsnap.records import RunManifest, repo
+from tests.conftest import run_cli
 
 
 def _manifest(run_id: str, created_at: str) -> RunManifest:
@@ -42,15 +43,20 @@ def test_latest_is_the_newest_readable_manifest_in_list_order(tmp_path: Path):
         repo.resolve_record(store, "latest")
 
 
-def test_inference_run_id_reads_the_run_without_validating_the_conversation(tmp_path: Path):
-    from tests._pipeline import example_eval_set, infer_all
-
+def test_inference_run_id_reads_the_run_without_validating_the_conversation(
+        tmp_path: Path, shop_copy: Path):
     url = str(tmp_path / "store")
-    outcomes = infer_all(url, example_eval_set(), run_id="run-a")
+    r = run_cli("run", str(shop_copy), str(shop_copy / "shop.evalset.json"), "--store", url,
+                "--case", "weather_paris", "--case", "cart_add_two_items",
+                "--metric", "response_match_score", "--json")
+    assert r.code in (0, 1), f"expected the run to finish, got {r.code}: {r.stderr[-3000:]}"
+    run_id = r.json["run_id"]
     store = repo.open_store(url)
-    assert outcomes
-    for outcome in outcomes:
-        assert repo.inference_run_id(store, outcome.oid) == \
-            repo.get_inference(store, outcome.oid).run_id == "run-a"
+    _, record = repo.resolve_record(store, run_id)
+    assert len(record.inference) == 2, "expected one inference per case"
+    for inference in record.inference:
+        assert repo.inference_run_id(store, inference.inference_oid) == \
+            repo.get_inference(store, inference.inference_oid).run_id == run_id, \
+            "expected the inference's run id read cheaply to be the run that made it"
     with pytest.raises(NotFoundError, match="not in store"):
         repo.inference_run_id(store, "sha256:" + "f" * 64)

@@ -49,11 +49,11 @@ def test_can_be_switched_off():
 
 PRELOAD = """
 import sys, threading, evalsnap, evalsnap.pipeline.plan
-from evalsnap import lazy_imports as _lazy
+from evalsnap import startup
 module = sys.modules["rouge_score.rouge_scorer"]
 assert type(module).__name__ == "DeferredModule"
-print("none for others", _lazy.preload(["tool_trajectory_avg_score"]) is None)
-thread = _lazy.preload(["response_match_score"])
+print("none for others", startup.preload(["tool_trajectory_avg_score"]) is None)
+thread = startup.preload(["response_match_score"])
 # Another thread uses the module while the preload may still be running it: it waits,
 # it never sees a half-loaded module.
 from google.adk.dependencies.rouge_scorer import rouge_scorer
@@ -74,14 +74,14 @@ def test_preload_loads_what_a_metric_needs_in_the_background():
 
 MISSING = """
 import sys, importlib.util, evalsnap
-from evalsnap import lazy_imports as _lazy
+from evalsnap import startup
 print("a2a installed", importlib.util.find_spec("a2a") is not None)
-print("marked", _lazy.remember_missing())
+print("marked", startup.remember_missing())
 try:
     from google.adk.agents.remote_a2a_agent import RemoteA2aAgent
 except ImportError as exc:
     print("still ImportError", type(exc).__name__)
-print("again", _lazy.remember_missing(("json",)))
+print("again", startup.remember_missing(("json",)))
 """
 
 
@@ -99,9 +99,9 @@ def test_a_missing_optional_import_fails_fast_and_the_same_way():
 
 BROKEN = """
 import sys, evalsnap
-from evalsnap import lazy_imports as _lazy
+from evalsnap import startup
 sys.path.insert(0, sys.argv[1])
-print("registered", _lazy.install(("evalsnap_broken_dep",)))
+print("registered", startup.install(("evalsnap_broken_dep",)))
 module = sys.modules["evalsnap_broken_dep"]
 for attempt in (1, 2):  # e.g. a failed background preload, then the metric's own use
     try:

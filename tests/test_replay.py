@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from evalsnap.cli import app
 from evalsnap.records import LedgerEntry, ScoreUnit, repo
 from evalsnap.reports.replay import ReplayMismatchError, replay
-from examples import offline_models
+from shop_agent import offline_models  # the demo's (examples/ on sys.path)
 from tests.conftest import EVALSET, SHOP, run_cli
 
 FRM = "final_response_match_v2"

@@ -14,7 +14,7 @@ from google.adk.agents.base_agent import BaseAgent
 from google.adk.apps.app import App
 from google.adk.version import __version__ as ADK_VERSION
 
-from evalsnap import lazy_imports as _lazy
+from evalsnap import startup
 from evalsnap.errors import AgentLoadError, InputFileError
 from evalsnap.fingerprint import fingerprint
 
@@ -54,8 +54,15 @@ def _files_digest(path: Path) -> str:
             if name in _SKIP_NAMES or name.endswith(_EVAL_FILE_SUFFIXES) or name.endswith(".pyc"):
                 continue
             file = Path(root, name)
+            try:
+                data = file.read_bytes()
+            except OSError as exc:
+                raise InputFileError(
+                    f"cannot read {file} in agent dir {path} ({exc}); every file of the agent "
+                    "package is part of its identity: make it readable or move it out."
+                ) from exc
             h.update(str(file.relative_to(path)).encode() + b"\0")
-            h.update(hashlib.sha256(file.read_bytes()).digest())
+            h.update(hashlib.sha256(data).digest())
     return "sha256:" + h.hexdigest()
 
 
@@ -99,7 +106,7 @@ def load_agent(agent_dir: str | Path) -> LoadedAgent:
             "__init__.py importing agent.py, which defines root_agent."
         )
     path = ensure_importable(path)
-    _lazy.remember_missing()  # ADK's agent runs retry a missing optional import per call
+    startup.remember_missing()  # ADK's agent runs retry a missing optional import per call
     try:
         module = importlib.import_module(path.name)
     except Exception as exc:

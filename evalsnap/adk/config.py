@@ -244,6 +244,39 @@ def _takes_four_positional(fn: Any) -> bool:
     return True
 
 
+def unregistered_judge_model(criterion: dict[str, Any]) -> str | None:
+    """The judge model a criterion names, if ADK's ``LLMRegistry`` cannot resolve it."""
+    options = criterion.get("judgeModelOptions", criterion.get("judge_model_options"))
+    model = options.get("judgeModel", options.get("judge_model")) \
+        if isinstance(options, dict) else None
+    if not isinstance(model, str) or not model:
+        return None
+    from google.adk.models.registry import LLMRegistry
+
+    try:
+        LLMRegistry.resolve(model)
+    except ValueError:
+        return model
+    except Exception:  # a registered model whose module fails: not "unregistered"
+        return None
+    return None
+
+
+def _unregistered_judge_message(name: str, model: str, where: str) -> str:
+    message = (
+        f"{where}: metric {name!r}: judge model {model!r} is not registered with ADK's "
+        "LLMRegistry in this process (model not found). Register it from a module named in "
+        "the config's `evalsnapPlugins` (imported from the agent's parent directory, e.g. "
+        "\"evalsnapPlugins\": [\"my_agent.models\"]) or from an installed `evalsnap.plugins` "
+        "entry point; installing evalsnap registers no judge model."
+    )
+    if "snapshot" in where:
+        message += (" The rules of a snapshot name no plugins (a stored record never imports "
+                    "code): pass --config with the test_config.json whose evalsnapPlugins "
+                    "registers the judge model.")
+    return message
+
+
 def _resolve_rule(name: str, criterion: Any, registry: MetricEvaluatorRegistry,
                   infos: dict[str, Any], custom_paths: dict[str, str],
                   versions: dict[str, str], where: str) -> tuple[MetricRule, dict[str, Any]]:
@@ -301,6 +334,9 @@ def _resolve_rule(name: str, criterion: Any, registry: MetricEvaluatorRegistry,
     try:
         evaluator = registry.get_evaluator(probe)
     except Exception as exc:
+        model = unregistered_judge_model(resolved_data)
+        if model is not None:
+            raise ConfigError(_unregistered_judge_message(name, model, where)) from exc
         raise ConfigError(f"{where}: metric {name!r} cannot be set up: {exc}.") from exc
     judge = hasattr(evaluator, "_judge_model")
     identity = _identity(name, evaluator_type, custom_path, versions.get(name), judge)

@@ -28,8 +28,7 @@ from google.adk.evaluation.eval_result import EvalCaseResult, EvalSetResult
 from google.adk.evaluation.eval_set import EvalCase
 
 from evalsnap.errors import InputFileError
-from evalsnap.fingerprint import fingerprint
-from evalsnap.pipeline.unit import unit_fingerprint
+from evalsnap.fingerprint import fingerprint, unit_fingerprint
 from evalsnap.records import (
     EvaluationRecord,
     InferenceRecord,

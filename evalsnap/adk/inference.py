@@ -16,7 +16,7 @@ from google.adk.sessions.in_memory_session_service import InMemorySessionService
 from google.adk.version import __version__ as ADK_VERSION
 
 from evalsnap.adk.agent import LoadedAgent
-from evalsnap.fingerprint import fingerprint
+from evalsnap.fingerprint import inference_fingerprint
 from evalsnap.records import InferenceRecord
 
 #: ADK writes bookkeeping such as ``__llm_request_key__`` into state.
@@ -25,23 +25,6 @@ _INTERNAL_KEY = re.compile(r"^__.*__$")
 
 def now_iso() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def case_inputs(case: EvalCase) -> dict[str, Any]:
-    """What the agent is given: user turns or scenario, and the session input."""
-    return {
-        "user_turns": [inv.user_content.model_dump(mode="json") for inv in case.conversation or []],
-        "scenario": case.conversation_scenario.model_dump(mode="json")
-        if case.conversation_scenario else None,
-        "session_input": case.session_input.model_dump(mode="json") if case.session_input else None,
-    }
-
-
-def inference_fingerprint(agent_identity: str, case: EvalCase, repetition: int) -> str:
-    return fingerprint("inference", {
-        "agent": agent_identity, "inputs": case_inputs(case),
-        "repetition": repetition, "adk_version": ADK_VERSION,
-    })
 
 
 def clean_state(state: dict[str, Any] | None) -> dict[str, Any] | None:

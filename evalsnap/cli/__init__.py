@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
 
@@ -17,8 +18,7 @@ prestart_for_command(sys.argv)  # before the heavy imports below (ADK, then Pref
 import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from evalsnap import errors  # noqa: E402
-from evalsnap import lazy_imports as _lazy  # noqa: E402
+from evalsnap import errors, startup  # noqa: E402
 from evalsnap.records import repo  # noqa: E402
 from evalsnap.reports.summary import EXIT_INCOMPLETE, EXIT_USAGE, score_table, summary  # noqa: E402
 
@@ -64,11 +64,10 @@ def _print_json(value: dict[str, Any]) -> None:
 @contextmanager
 def _handled():
     """Typed errors become a message on stderr and exit 2."""
-    from storage import StorageError
 
     try:
         yield
-    except (errors.EvalsnapError, StorageError) as exc:
+    except errors.EvalsnapError as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(getattr(exc, "exit_code", EXIT_USAGE)) from None
     except (typer.Exit, KeyboardInterrupt):
@@ -93,7 +92,8 @@ def _emit(result: dict[str, Any], as_json: bool) -> None:
 
 
 @contextmanager
-def _progress(enabled: bool, totals: dict[str, int]):
+def _progress(enabled: bool) -> Iterator[None]:
+    """A progress bar on stderr for the stages the flow announces (``pipeline.progress``)."""
     if not enabled:
         yield
         return
@@ -102,49 +102,77 @@ def _progress(enabled: bool, totals: dict[str, int]):
     from evalsnap.pipeline import progress
 
     with Progress(console=err, transient=True) as bar:
-        ids = {stage: bar.add_task(stage, total=total) for stage, total in totals.items()}
-        unsubscribe = progress.subscribe(lambda stage: bar.advance(ids[stage]) if stage in ids
-                                         else None)
+        ids: dict[str, Any] = {}
+
+        def show(stage: str, advance: int, total: int | None) -> None:
+            if stage not in ids:
+                ids[stage] = bar.add_task(stage, total=total)
+            if total is not None:
+                bar.update(ids[stage], total=total)
+            if advance:
+                bar.advance(ids[stage], advance)
+
+        unsubscribe = progress.subscribe(show)
         try:
             yield
         finally:
             unsubscribe()
 
 
-def _scored_metrics(plan: Any, units_per_metric: int, task_runner: str | None, reuse: bool,
-                    force: bool) -> list[str]:
-    """The metrics this process will score, as far as the command line tells, for preloading
-    what they need. With ``--reuse`` (and no ``--force``) most units usually come from earlier
-    runs, and preloading only competes with the run for the interpreter; the metrics a
-    run's scoring worker takes load in the worker (``task_runner`` None: a flow without one).
-    """
-    if reuse and not force:
+def _metrics_in(config: str | None, evalset: str | None) -> list[str]:
+    """The metric names a config file lists, read cheaply (only to preload what they need;
+    the flow plans and validates the run)."""
+    from pathlib import Path
+
+    path = Path(config) if config else Path(evalset).parent / "test_config.json" if evalset \
+        else None
+    try:
+        criteria = json.loads(path.read_text("utf-8")).get("criteria", {}) if path else {}
+    except (OSError, ValueError, AttributeError):
         return []
-    from evalsnap.score_worker import metrics_for_worker
-
-    elsewhere = set() if task_runner is None else set(metrics_for_worker(
-        plan.selected_rules(), plan.store_url, task_runner, units_per_metric, reuse=reuse,
-        force=force))
-    return [name for name in plan.metric_names if name not in elsewhere]
+    return [name for name in criteria if isinstance(name, str)] if isinstance(criteria, dict) \
+        else []
 
 
-def _run_flow(flow_fn: Any, metric_names: list[str], **params: Any) -> dict[str, Any]:
+class _TypedErrorsPrintedOnce(logging.Filter):
+    """Drops Prefect's traceback of a typed error (bad input found while the flow plans):
+    the flow run still ends Failed with the error, and the CLI prints it once, clearly."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, errors.EvalsnapError)
+
+
+def _run_flow(flow_fn: Any, preload: list[str], storage_option: list[str] | None,
+              progress: bool, **params: Any) -> dict[str, Any]:
+    """Runs a flow in this process, on the temporary API (started early) or the server
+    ``PREFECT_API_URL`` names; returns its summary."""
+    from evalsnap.startup import prestart_ephemeral_api
+
+    prestart_ephemeral_api()  # a no-op if the module's import started it already
+    from evalsnap.pipeline.runners import resolve_runner
+
+    params["task_runner"], params["dask_address"] = resolve_runner(params["task_runner"],
+                                                                   params["dask_address"])
+    repo.configure_store(params["store"], _storage_options(storage_option))
     from prefect import settings
 
     from evalsnap.startup import preload_flow_engine, wait_for_ephemeral_api
 
     logging.getLogger("google_adk").setLevel(logging.ERROR)
+    logging.getLogger("prefect.flow_runs").addFilter(_TypedErrorsPrintedOnce())
     # While the temporary API is still starting: first what the flow's start needs, then,
     # in the background, what its metrics will (this thread is idle until the API answers).
     preload_flow_engine()
-    _lazy.preload(metric_names)
+    startup.preload(preload)
     wait_for_ephemeral_api()
     heartbeat = getattr(settings, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY", None)
-    if heartbeat is None:
-        return flow_fn(**params)
-    # A sync flow run otherwise spends ~1 s joining its heartbeat thread.
-    with settings.temporary_settings({heartbeat: None}):
-        return flow_fn(**params)
+    with _progress(progress):
+        if heartbeat is None:
+            return flow_fn(**params)
+        # A sync flow run otherwise spends ~1 s joining its heartbeat thread.
+        with settings.temporary_settings({heartbeat: None}):
+            return flow_fn(**params)
 
 
 @app.command()
@@ -165,28 +193,16 @@ def run(
 ) -> None:
     """Run the agent on every case, freeze, score, publish."""
     with _handled():
-        from evalsnap.startup import prestart_ephemeral_api
-
-        prestart_ephemeral_api()  # a no-op if the module's import started it already
-        from evalsnap.pipeline.runners import resolve_runner
-
-        task_runner, dask_address = resolve_runner(task_runner, dask_address)
-        repo.configure_store(store, _storage_options(storage_option))
-        from evalsnap.pipeline.plan import plan_run
-
-        plan = plan_run(agent_dir, evalset, config, store, metric, case, repetitions)
         from flows.evaluate import evaluate
 
-        n_inf = len(plan.case_ids) * repetitions
-        with _progress(not as_json and err.is_terminal,
-                       {"inference": n_inf, "scoring": n_inf * len(plan.metric_names)}):
-            result = _run_flow(evaluate, _scored_metrics(plan, n_inf, task_runner, reuse,
-                                                         force),
-                               agent_dir=agent_dir,
-                               evalset=evalset, config=config, store=store, reuse=reuse,
-                               force=force, metrics=metric, cases=case,
-                               repetitions=repetitions, task_runner=task_runner,
-                               dask_address=dask_address)
+        # With --reuse (and no --force) most units usually come from earlier runs, and
+        # preloading only competes with the run for the interpreter.
+        preload = _metrics_in(config, evalset) if force or not reuse else []
+        result = _run_flow(evaluate, preload, storage_option,
+                           not as_json and err.is_terminal, agent_dir=agent_dir,
+                           evalset=evalset, config=config, store=store, reuse=reuse,
+                           force=force, metrics=metric, cases=case, repetitions=repetitions,
+                           task_runner=task_runner, dask_address=dask_address)
     _emit(result, as_json)
     raise typer.Exit(result["exit_code"])
 
@@ -209,25 +225,15 @@ def rescore(
 ) -> None:
     """Score frozen inference again with new references or rules; never calls the agent."""
     with _handled():
-        from evalsnap.startup import prestart_ephemeral_api
-
-        prestart_ephemeral_api()
-        from evalsnap.pipeline.runners import resolve_runner
-
-        task_runner, dask_address = resolve_runner(task_runner, dask_address)
-        repo.configure_store(store, _storage_options(storage_option))
-        from evalsnap.pipeline.plan import plan_rescore
+        from flows.rescore import rescore as rescore_flow
 
         paths = list(code_path or [])
         if evalset and not paths:
             # custom metrics usually live in the agent package beside the eval set
             paths = [os.path.dirname(os.path.dirname(os.path.abspath(evalset)))]
-        plan = plan_rescore(run_or_snapshot, store, evalset, config, metric, case, paths)
-        from flows.rescore import rescore as rescore_flow
-
-        result = _run_flow(rescore_flow, _scored_metrics(plan, len(plan.source_outcomes),
-                                                         None, reuse, force),
-                           run_or_snapshot=run_or_snapshot,
+        preload = _metrics_in(config, evalset) if force or not reuse else []
+        result = _run_flow(rescore_flow, preload, storage_option,
+                           not as_json and err.is_terminal, run_or_snapshot=run_or_snapshot,
                            evalset=evalset, config=config, store=store, reuse=reuse,
                            force=force, metrics=metric, cases=case, code_paths=paths,
                            task_runner=task_runner, dask_address=dask_address)

@@ -6,7 +6,8 @@ agent's own model (and other evaluators) are never intercepted.
 
 The wrapper (:class:`JudgeRecorder`) answers each request from one of three places:
 
-* the live judge model (limited per process, transient errors retried with backoff);
+* the live judge model (under the one model-call limiter, :mod:`evalsnap.pipeline.limits`;
+  transient errors retried with backoff);
 * with ``--reuse``, an earlier ledger entry with the same request key and sample index;
 * in ``replay``, only the unit's own ledger — anything else is a mismatch, and no
   model is ever called.
@@ -18,12 +19,8 @@ import asyncio
 import hashlib
 import json
 import logging
-import os
-import sys
-import threading
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import AsyncGenerator, Callable
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +28,9 @@ from google.adk.models.llm_request import LlmRequest
 from google.adk.models.llm_response import LlmResponse
 from google.genai import types
 
+from evalsnap import settings
 from evalsnap.adk.judge_adapters import JudgeAdapter, adapter_for
+from evalsnap.pipeline.limits import model_slot
 
 logger = logging.getLogger(__name__)
 _TRANSIENT_CODES = frozenset({408, 429, 500, 502, 503, 504})
@@ -107,161 +106,9 @@ class LedgerSource:
     strict: bool = False
 
 
-# ---- process-wide judge concurrency ----------------------------------------------------------
-
-class ProcessLimiter:
-    """An async semaphore shared by every event loop of the process, and by the processes
-    it is handed to (the scoring worker): one judge limit, wherever the judge is called.
-
-    The slots are tokens in a pipe, as in GNU make's jobserver: taking a slot reads one
-    byte, giving it back writes one. Prefect runs each task on its own event loop, so an
-    ``asyncio.Semaphore`` (bound to one loop) cannot do; the pipe also crosses ``fork``
-    and ``pass_fds``, and the kernel keeps the count. Each event loop waits for the pipe
-    to become readable with one reader callback, which hands the tokens it can read to
-    that loop's waiters in order.
-
-    A process that dies holding tokens takes them with it; :meth:`recover`, called by the
-    process that made the pipe once the other is gone, puts back what is missing.
-    """
-
-    #: Slots beyond this would not fit in a pipe's buffer (64 KiB on Linux) as tokens.
-    MAX_SLOTS = 4096
-
-    def __init__(self, slots: int, fds: tuple[int, int] | None = None) -> None:
-        self.slots = min(max(1, slots), self.MAX_SLOTS)
-        self._lock = threading.Lock()
-        self._held = 0  # tokens this process has taken and not given back
-        self._queues: dict[asyncio.AbstractEventLoop, deque[asyncio.Future[None]]] = {}
-        if fds is None:
-            read_fd, write_fd = os.pipe()
-            os.write(write_fd, b"." * self.slots)
-        else:
-            read_fd, write_fd = fds
-        os.set_blocking(read_fd, False)
-        self.fds = (read_fd, write_fd)
-
-    def _take(self) -> bool:
-        with self._lock:
-            try:
-                got = os.read(self.fds[0], 1)
-            except BlockingIOError:
-                return False
-            if not got:  # every write end closed: cannot happen while we hold one
-                raise RuntimeError("the judge limiter's pipe was closed")
-            self._held += 1
-            return True
-
-    async def acquire(self) -> None:
-        loop = asyncio.get_running_loop()
-        queue = self._queues.get(loop)
-        if not queue and self._take():
-            return
-        fut: asyncio.Future[None] = loop.create_future()
-        if queue is None:
-            queue = self._queues[loop] = deque()
-        queue.append(fut)
-        if len(queue) == 1:
-            loop.add_reader(self.fds[0], self._on_readable, loop)
-        try:
-            await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
-                self.release()  # the slot was granted while we were being cancelled
-            elif fut in queue:
-                queue.remove(fut)
-                if not queue:
-                    self._drop(loop)
-            raise
-
-    def _on_readable(self, loop: asyncio.AbstractEventLoop) -> None:
-        """In ``loop``'s thread: hand the tokens there are to this loop's first waiters."""
-        queue = self._queues.get(loop)
-        while queue:
-            if queue[0].done():  # cancelled while waiting
-                queue.popleft()
-                continue
-            if not self._take():  # another loop or process was quicker
-                return
-            queue.popleft().set_result(None)
-        self._drop(loop)
-
-    def _drop(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._queues.pop(loop, None)
-        if not loop.is_closed():
-            loop.remove_reader(self.fds[0])
-
-    def release(self) -> None:
-        with self._lock:
-            self._held -= 1
-            os.write(self.fds[1], b".")
-
-    def free_slots(self) -> int:
-        """Slots free right now, in every process that shares them: the tokens in the pipe."""
-        import fcntl
-        import termios
-
-        raw = fcntl.ioctl(self.fds[0], termios.FIONREAD, b"\0\0\0\0")
-        return int.from_bytes(raw, sys.byteorder)
-
-    def recover(self) -> int:
-        """Puts back the tokens another process took and never returned; call it only once
-        that process is gone. Returns how many."""
-        with self._lock:
-            missing = self.slots - self._held - self.free_slots()
-            if missing > 0:
-                os.write(self.fds[1], b"." * missing)
-            return max(0, missing)
-
-    @asynccontextmanager
-    async def slot(self) -> AsyncGenerator[None, None]:
-        await self.acquire()
-        try:
-            yield
-        finally:
-            self.release()
-
-
-_limiter: ProcessLimiter | None = None
-_limiter_lock = threading.Lock()
-
-#: Set by the scoring worker's parent: ``<read fd>,<write fd>,<slots>`` of its judge limiter.
-SHARED_LIMITER_ENV = "EVALSNAP_JUDGE_LIMITER_FDS"
-
-
-def judge_limiter() -> ProcessLimiter:
-    """The process's judge limiter: ``EVALSNAP_JUDGE_CONCURRENCY`` slots (default 8), or,
-    in a scoring worker, its parent's (the limit is per run, not per process)."""
-    global _limiter
-    with _limiter_lock:
-        if _limiter is None:
-            shared = os.environ.get(SHARED_LIMITER_ENV)
-            if shared:
-                read_fd, write_fd, slots = (int(x) for x in shared.split(","))
-                _limiter = ProcessLimiter(slots, fds=(read_fd, write_fd))
-            else:
-                _limiter = ProcessLimiter(
-                    int(os.environ.get("EVALSNAP_JUDGE_CONCURRENCY", "8")))
-        return _limiter
-
-
-@asynccontextmanager
-async def judge_slot(limiter: ProcessLimiter | asyncio.Semaphore | None
-                     ) -> AsyncGenerator[None, None]:
-    if limiter is None:
-        limiter = judge_limiter()
-    async with limiter.slot() if isinstance(limiter, ProcessLimiter) else limiter:
-        # Across processes and machines: the Prefect global concurrency limit named by
-        # EVALSNAP_JUDGE_CONCURRENCY_LIMIT (default `evalsnap-judge-model`), if it exists.
-        from evalsnap.pipeline.runners import model_slot
-
-        async with model_slot("judge"):
-            yield
-
-
 def retry_delays() -> list[float]:
     """Backoff between judge attempts: ``EVALSNAP_RETRY_DELAYS`` (seconds), as for tasks."""
-    raw = os.environ.get("EVALSNAP_RETRY_DELAYS", "1,4")
-    return [float(x) for x in raw.split(",") if x.strip()]
+    return list(settings.get().retry_delays)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -307,7 +154,6 @@ class JudgeRecorder:
 
     inner: Any
     adapter: JudgeAdapter
-    limiter: ProcessLimiter | asyncio.Semaphore | None = None
     source: LedgerSource | None = None
     calls: list[JudgeCall] = field(default_factory=list)
     mismatches: list[str] = field(default_factory=list)
@@ -388,7 +234,7 @@ class JudgeRecorder:
         for attempt in range(1, len(delays) + 2):
             call = self._new_call(key, sample, view, prompt, judge_class, attempt)
             try:
-                async with judge_slot(self.limiter):
+                async with model_slot("judge"):
                     responses = [r async for r in self.inner.generate_content_async(
                         llm_request, stream)]
             except Exception as exc:
@@ -405,13 +251,11 @@ class JudgeRecorder:
             return
 
 
-def attach_recorder(evaluator: Any, limiter: ProcessLimiter | asyncio.Semaphore | None = None,
-                    source: LedgerSource | None = None) -> JudgeRecorder | None:
+def attach_recorder(evaluator: Any, source: LedgerSource | None = None) -> JudgeRecorder | None:
     """Wraps the evaluator's judge model, if it has one."""
     inner = getattr(evaluator, "_judge_model", None)
     if inner is None:
         return None
-    recorder = JudgeRecorder(inner=inner, adapter=adapter_for(evaluator), limiter=limiter,
-                             source=source)
+    recorder = JudgeRecorder(inner=inner, adapter=adapter_for(evaluator), source=source)
     evaluator._judge_model = recorder  # noqa: SLF001 (the documented capture point)
     return recorder

@@ -11,10 +11,10 @@ import json
 import logging
 
 from evalsnap.adk.inference import now_iso
-from evalsnap.errors import NotFoundError
+from evalsnap.errors import EvalsnapError
 from evalsnap.pipeline.judge import JudgeRecorder, LedgerAnswer, LedgerSource, sample_ref
 from evalsnap.records import FrozenCase, LedgerEntry, MetricRule, repo
-from storage import CorruptObjectError, ObjectNotFound, Store
+from storage import Store
 
 logger = logging.getLogger(__name__)
 INDEX = "index/judge"
@@ -58,7 +58,7 @@ def write_entries(store: Store, entries: list[LedgerEntry]) -> list[str]:
 def load_entry(store: Store, oid: str) -> LedgerEntry | None:
     try:
         return repo.get(store, LedgerEntry, oid)
-    except (CorruptObjectError, NotFoundError, ObjectNotFound) as exc:
+    except EvalsnapError as exc:  # damaged, missing or not an entry: absent
         logger.warning("judge ledger entry %s unusable (%s)", oid, exc)
         return None
 

@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from google.adk.evaluation.eval_set import EvalSet
+from pydantic import BaseModel, ConfigDict
+from pydantic import Field as PydanticField
 
+from evalsnap import settings
 from evalsnap.adk.agent import LoadedAgent, ensure_importable, load_agent
 from evalsnap.adk.config import LoadedConfig, load_config, resolve_config
 from evalsnap.adk.evalset import load_eval_set
+from evalsnap.adk.inference import now_iso
 from evalsnap.errors import ConfigError, InputFileError, NotFoundError, UsageError
-from evalsnap.pipeline.outcomes import InferenceOutcome
+from evalsnap.fingerprint import inference_fingerprint, unit_fingerprint
+from evalsnap.pipeline import progress, reuse
+from evalsnap.pipeline.freeze import FreezeRequest
+from evalsnap.pipeline.infer import InferBatch, InferItem, batches
+from evalsnap.pipeline.outcomes import InferenceOutcome, UnitOutcome
+from evalsnap.pipeline.publish import PublishRequest
+from evalsnap.pipeline.score import ScoreRequest
 from evalsnap.records import EvaluationRecord, Snapshot, repo
 
 
@@ -46,6 +57,78 @@ class Plan:
     def selected_rules(self) -> list[Any]:
         return [r for r in self.config.rules if r.metric_name in set(self.metric_names)]
 
+    @property
+    def units_total(self) -> int:
+        """Inferences of an evaluate run (cases × repetitions)."""
+        return len(self.case_ids) * self.repetitions
+
+    # ---- the requests of one run, in pipeline order -----------------------------------
+
+    def inference_batches(self, run: RunOptions) -> list[InferBatch]:
+        """The run's inference, as batches of consecutive cases × repetitions."""
+        assert self.agent is not None, "only an evaluate plan runs inference"
+        cases = {c.eval_id: c for c in self.eval_set.eval_cases}
+        items = [InferItem(eval_id=case_id, repetition=rep, case_json=cases[case_id].model_dump_json(),
+                           fingerprint=inference_fingerprint(self.agent.identity, cases[case_id], rep))
+                 for case_id in self.case_ids for rep in range(self.repetitions)]
+        s = settings.get()
+        progress.expect("inference", len(items))
+        return [InferBatch(store_url=self.store_url, agent_dir=str(self.agent.path),
+                           eval_set_id=self.eval_set.eval_set_id, run_id=run.run_id,
+                           reuse=run.reuse, concurrency=run.concurrency,
+                           items=[items[i] for i in part])
+                for part in batches(len(items), s.max_workers, s.infer_batch)]
+
+    def freeze_request(self, outcomes: list[InferenceOutcome]) -> FreezeRequest:
+        if self.agent is not None:
+            app_name = self.agent.name
+        elif outcomes:
+            app_name = repo.get_inference(repo.open_store(self.store_url), outcomes[0].oid).app_name
+        else:
+            app_name = self.eval_set.eval_set_id
+        return FreezeRequest(store_url=self.store_url,
+                             eval_set_json=self.selected_eval_set().model_dump_json(),
+                             rules=self.selected_rules(), outcomes=outcomes, app_name=app_name)
+
+    def score_requests(self, run: RunOptions, snapshot_oid: str) -> list[ScoreRequest]:
+        """One request per metric of the snapshot."""
+        snapshot = repo.get_snapshot(repo.open_store(self.store_url), snapshot_oid)
+        progress.expect("scoring", len(snapshot.cases) * len(snapshot.rules))
+        return [ScoreRequest(
+            store_url=self.store_url, snapshot_oid=snapshot_oid, metric_name=rule.metric_name,
+            units_digest=reuse.units_digest([unit_fingerprint(c.case_fingerprint,
+                                                              rule.rule_fingerprint)
+                                             for c in snapshot.cases]),
+            trusted=rule.evaluator.trusted, config_json=self.config_json,
+            config_where=self.config.where, sys_paths=self.sys_paths, run_id=run.run_id,
+            reuse=run.reuse, force=run.force, concurrency=run.concurrency)
+            for rule in snapshot.rules]
+
+    def publish_request(self, run: RunOptions, snapshot_oid: str,
+                        outcomes: list[InferenceOutcome], units: list[UnitOutcome]) -> PublishRequest:
+        return PublishRequest(
+            store_url=self.store_url, run_id=run.run_id, kind=run.kind, snapshot_oid=snapshot_oid,
+            inference=outcomes, units=units, reuse=run.reuse, force=run.force, source=self.source,
+            skipped_cases=self.skipped_cases, uninferred_cases=self.uninferred_cases,
+            agent_dir=str(self.agent.path) if self.agent else None)
+
+
+class RunOptions(BaseModel):
+    """One run of a plan: its id and how it reuses."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str = PydanticField(default_factory=lambda: new_run_id())
+    kind: Literal["run", "rescore"] = "run"
+    reuse: bool = False
+    force: bool = False
+    concurrency: int = 8
+
+
+def new_run_id() -> str:
+    stamp = now_iso().replace("-", "").replace(":", "").split(".")[0]
+    return f"{stamp}Z-{secrets.token_hex(3)}"
+
 
 def default_config_path(evalset: str | Path) -> Path | None:
     """``test_config.json`` beside the eval set, as ``adk eval`` does."""
@@ -77,8 +160,10 @@ def plan_run(agent_dir: str, evalset: str, config: str | None, store_url: str,
     agent_path = ensure_importable(agent_dir)
     eval_set = load_eval_set(evalset)
     config_path = config or default_config_path(evalset)
-    loaded = load_config(config_path)
+    # The agent package is trusted live code, as in ADK: imported before the config is
+    # resolved, so that models and evaluators it registers are there for the config.
     agent = load_agent(agent_dir)
+    loaded = load_config(config_path)
     store = repo.open_store(store_url)
     store.check()
     plan = Plan(store_url=store.url, eval_set=eval_set, config=loaded, agent=agent,

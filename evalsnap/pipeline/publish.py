@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from evalsnap.adk.inference import now_iso
 from evalsnap.errors import EvalsnapError
@@ -19,7 +21,6 @@ from evalsnap.records import (
     UnitRef,
     repo,
 )
-from storage import StorageError
 
 logger = logging.getLogger(__name__)
 
@@ -33,11 +34,11 @@ def _parent_view(store: Any, parent_oid: str | None) -> tuple[dict[tuple, UnitRe
         return {}, None
     try:
         parent = repo.get(store, EvaluationRecord, parent_oid)
-    except (EvalsnapError, StorageError) as exc:
+    except EvalsnapError as exc:
         raise _UnusableParent(str(exc)) from exc
     try:
         snap = repo.get_snapshot(store, parent.snapshot_oid) if parent.snapshot_oid else None
-    except (EvalsnapError, StorageError) as exc:
+    except EvalsnapError as exc:
         logger.warning("snapshot of previous record %s unreadable (%s); explanations will "
                        "say `new`", parent_oid, exc)
         snap = None
@@ -71,6 +72,37 @@ def explain_change(outcome: UnitOutcome, snapshot: Snapshot, parent_units: dict[
     return "new"
 
 
+class PublishRequest(BaseModel):
+    """What the publish task is asked to do."""
+
+    model_config = ConfigDict(frozen=True)
+
+    store_url: str
+    run_id: str
+    kind: Literal["run", "rescore"]
+    snapshot_oid: str
+    inference: list[InferenceOutcome]
+    units: list[UnitOutcome]
+    reuse: bool
+    force: bool
+    source: str | None = None
+    skipped_cases: list[str] = []
+    uninferred_cases: list[str] = []
+    agent_dir: str | None = None
+    """Where a local store's ADK history copy goes (``AGENT_DIR/.adk/eval_history``)."""
+
+
+def publish_request(req: PublishRequest) -> tuple[str, EvaluationRecord]:
+    """:func:`publish` for a request, with the ADK history copy."""
+    from evalsnap.adk.history import history_writer
+
+    return publish(req.store_url, run_id=req.run_id, kind=req.kind,
+                   snapshot_oid=req.snapshot_oid, inference=req.inference, units=req.units,
+                   reuse=req.reuse, force=req.force, source=req.source,
+                   skipped_cases=req.skipped_cases, uninferred_cases=req.uninferred_cases,
+                   history_writer=history_writer(req.store_url, req.agent_dir))
+
+
 def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
             inference: list[InferenceOutcome], units: list[UnitOutcome], reuse: bool,
             force: bool, source: str | None = None, skipped_cases: list[str] | None = None,
@@ -96,7 +128,7 @@ def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
             try:
                 repo.get(store, EvaluationRecord, oid)
                 readable_cache[oid] = True
-            except (EvalsnapError, StorageError) as exc:
+            except EvalsnapError as exc:
                 logger.warning("record %s unusable as provenance: %s", oid, exc)
                 readable_cache[oid] = False
         return readable_cache[oid]
@@ -106,7 +138,7 @@ def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
         """The record a run published (one manifest read per run, not per unit)."""
         try:
             return repo.read_manifest(store, run).record_oid
-        except (EvalsnapError, StorageError):
+        except EvalsnapError:
             return None
 
     unit_refs = []

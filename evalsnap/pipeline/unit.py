@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import math
 from typing import Any
@@ -10,25 +9,14 @@ from typing import Any
 from google.adk.evaluation.eval_case import EvalCase, Invocation
 from google.adk.evaluation.eval_metrics import EvalMetric
 from google.adk.evaluation.evaluator import EvalStatus, EvaluationResult
-from google.adk.evaluation.local_eval_service import (
-    _copy_eval_case_rubrics_to_actual_invocations,
-    _copy_invocation_rubrics_to_actual_invocations,
-)
 from google.adk.evaluation.metric_evaluator_registry import MetricEvaluatorRegistry
 
 from evalsnap.adk.context import make_context, run_evaluator
 from evalsnap.adk.inference import now_iso
-from evalsnap.fingerprint import fingerprint
+from evalsnap.adk.rubrics import copy_rubrics
+from evalsnap.fingerprint import unit_fingerprint
 from evalsnap.pipeline.judge import JudgeRecorder, LedgerSource, attach_recorder
 from evalsnap.records import FrozenCase, InferenceRecord, MetricRule, ScoreUnit, UnitRow
-
-
-def unit_fingerprint(case_fingerprint: str, rule_fingerprint: str) -> str:
-    return fingerprint("unit", {"case": case_fingerprint, "rule": rule_fingerprint})
-
-
-def case_fingerprint(inference: InferenceRecord, reference: dict[str, Any]) -> str:
-    return fingerprint("case", {"inference": inference.content(), "reference": reference})
 
 
 def _status(value: EvalStatus | str | None) -> str:
@@ -114,14 +102,13 @@ async def score_unit(
     registry: MetricEvaluatorRegistry,
     *,
     run_id: str = "",
-    judge_limiter: asyncio.Semaphore | None = None,
     judge_source: LedgerSource | None = None,
     inference_is_private: bool = False,
 ) -> tuple[ScoreUnit, JudgeRecorder | None]:
     """Scores ``rule`` on ``frozen``; never raises for a metric's own failure.
 
     ``judge_source`` answers judge requests from a ledger (``--reuse``, or ``replay``
-    where it is strict); ``judge_limiter`` defaults to the process's judge limiter.
+    where it is strict); live judge calls go through :mod:`evalsnap.pipeline.limits`.
     Evaluators get copies, so nothing they do reaches a persisted input; a caller whose
     ``inference`` was parsed for this call alone says ``inference_is_private=True`` and
     saves the deep copy (it was the largest cost of scoring).
@@ -138,14 +125,13 @@ async def score_unit(
                              f"agent produced {len(actual)} invocations for {len(expected)} "
                              "expected turns", len(actual)), None
     try:
-        _copy_eval_case_rubrics_to_actual_invocations(reference, actual)
-        _copy_invocation_rubrics_to_actual_invocations(expected, actual)
+        copy_rubrics(reference, expected, actual)
     except ValueError as exc:
         return not_evaluated(rule, frozen, run_id, f"rubrics: {exc}", len(actual)), None
     recorder = None
     try:
         evaluator = registry.get_evaluator(eval_metric)
-        recorder = attach_recorder(evaluator, judge_limiter, judge_source)
+        recorder = attach_recorder(evaluator, judge_source)
         context = make_context(inference.initial_session_state, inference.final_session_state,
                                reference.final_session_state)
         result = await run_evaluator(evaluator, actual, expected,

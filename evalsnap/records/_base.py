@@ -7,11 +7,9 @@ from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from evalsnap.errors import EvalsnapError, UnsupportedSchemaVersion
+from evalsnap.errors import CorruptRecordError, UnsupportedSchemaVersion
 
-
-class CorruptRecordError(EvalsnapError):
-    """Stored bytes hash correctly but do not parse as the expected record."""
+__all__ = ["CorruptRecordError", "StoredModel"]  # CorruptRecordError lives in evalsnap.errors
 
 
 class StoredModel(BaseModel):

@@ -19,7 +19,7 @@ import re
 import threading
 from typing import Any, TypeVar
 
-from evalsnap.errors import NotFoundError
+from evalsnap.errors import EvalsnapError, NotFoundError
 from evalsnap.records import (
     EvaluationRecord,
     InferenceRecord,
@@ -147,19 +147,10 @@ def _put_json_ref(store: Store, namespace: str, name: str, value: dict[str, Any]
 
 # ---- inference index -------------------------------------------------------------------------
 
-def find_inference(store: Store, fingerprint: str) -> tuple[str, InferenceRecord] | None:
-    """A verified, successful earlier inference with this fingerprint, if any."""
-    entry = _get_json_ref(store, "index/inference", hexof(fingerprint))
-    if not entry:
-        return None
-    try:
-        record = get_inference(store, entry["oid"])
-    except (CorruptObjectError, NotFoundError) as exc:
-        logger.warning("inference %s unusable (%s); running the agent again", entry["oid"], exc)
-        return None
-    if not record.ok or record.inference_fingerprint != fingerprint:
-        return None
-    return entry["oid"], record
+def inference_index_entry(store: Store, fingerprint: str) -> dict[str, Any] | None:
+    """The inference index entry for ``fingerprint`` (whether to use it is
+    :mod:`evalsnap.pipeline.reuse`'s business)."""
+    return _get_json_ref(store, "index/inference", hexof(fingerprint))
 
 
 def index_inference(store: Store, record: InferenceRecord, oid: str) -> None:
@@ -177,7 +168,7 @@ def unit_index_entry(store: Store, unit_fingerprint: str) -> dict[str, Any] | No
 def load_unit(store: Store, oid: str) -> ScoreUnit | None:
     try:
         return get(store, ScoreUnit, oid)
-    except (CorruptObjectError, NotFoundError) as exc:
+    except EvalsnapError as exc:  # damaged, missing or not a unit: absent
         logger.warning("score unit %s unusable (%s); scoring again", oid, exc)
         return None
 

@@ -11,24 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 from evalsnap.adk.config import eval_metric_for, resolve_config
-from evalsnap.errors import EvalsnapError
+from evalsnap.adk.ledger_model import stand_in_for
+from evalsnap.errors import ReplayMismatchError, ReplayUnavailableError
 from evalsnap.pipeline import ledger as _ledger
 from evalsnap.pipeline.unit import score_unit
 from evalsnap.records import MetricRule, ScoreUnit, Snapshot, repo
 from evalsnap.reports.summary import EXIT_INCOMPLETE, EXIT_OK, EXIT_QUALITY, load_units, summary
 from storage import Store
 
-
-class ReplayMismatchError(EvalsnapError):
-    """A judge request made during replay is not in the unit's ledger."""
-
-    exit_code = 2
-
-
-class ReplayUnavailableError(EvalsnapError):
-    """A judge unit has no complete trace to replay from."""
-
-    exit_code = 2
+__all__ = ["ReplayMismatchError", "ReplayUnavailableError", "current_aggregation_version",
+           "replay"]  # the two errors live in evalsnap.errors
 
 
 def _replayable(rule: MetricRule) -> bool:
@@ -69,6 +61,9 @@ async def replay(store: Store, ref: str) -> dict[str, Any]:
     snapshot = repo.get_snapshot(store, record.snapshot_oid)
     rules = {r.metric_name: r for r in snapshot.rules}
     judge_rules = [r for r in snapshot.rules if _replayable(r)]
+    # No live judge needed: a model this process cannot build is stood in for (it is never
+    # called; the ledger answers), so a record is auditable where the judge's provider is not.
+    stand_in_for(r.criterion for r in judge_rules)
     registry = resolve_config({"criteria": {r.metric_name: r.criterion for r in judge_rules}},
                               where="<rules of the snapshot>").registry if judge_rules else None
     units = load_units(store, record)

@@ -29,7 +29,7 @@ from evalsnap.records import (
     Snapshot,
     StoredModel,
 )
-from storage import OBJECT_KINDS, StorageError, Store
+from storage import OBJECT_KINDS, Store
 
 __all__ = ["Finding", "VerifyReport", "verify_store"]
 
@@ -113,7 +113,7 @@ def _scan_objects(store: Store, report: VerifyReport) -> _Objects:
             try:
                 data = store.get_object(kind, oid)
                 objects.parsed[(kind, oid)] = RECORD_TYPES[kind].from_bytes(data, where=oid)
-            except (EvalsnapError, StorageError) as exc:
+            except EvalsnapError as exc:
                 # Hash fine but not a readable record, or corrupted since the first pass.
                 objects.bad[(kind, oid)] = str(exc)
                 report.findings.append(Finding(kind, store.object_url(kind, oid), str(exc), oid))

@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# `adk eval` and evalsnap put only the agent dir's parent (examples/) on sys.path; the
-# offline models must still be imported under their one canonical name
-# (examples.offline_models), so add the repository root when it is missing.
-try:
-    from examples import offline_models
-except ImportError:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from examples import offline_models
-
 from google.adk.agents import Agent
 
+# The demo's models live in this package, so a copy of the agent dir carries them. The
+# relative import loads them as shop_agent.offline_models, the module test_config.json
+# names under evalsnapPlugins (one module, one set of classes and counters); importing it
+# registers both models with ADK's LLMRegistry.
+from . import offline_models
 from .tools import add_to_cart, get_cart, get_weather
 
 __all__ = ["root_agent"]
-
-offline_models.register()
 
 root_agent = Agent(
     name="shop_agent",

@@ -7,7 +7,7 @@ from typing import Any
 
 from google.adk.tools import ToolContext
 
-from examples._agent_script import KNOWN_CITIES
+from ._agent_script import KNOWN_CITIES
 
 __all__ = ["add_to_cart", "get_cart", "get_weather"]
 

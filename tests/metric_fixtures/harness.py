@@ -12,7 +12,8 @@ from google.adk.evaluation.eval_set import EvalSet
 from evalsnap.adk.agent import LoadedAgent, ensure_importable, load_agent
 from evalsnap.adk.config import LoadedConfig, resolve_config
 from evalsnap.adk.inference import CapturingSessionService, run_inference
-from evalsnap.pipeline.unit import case_fingerprint, score_unit
+from evalsnap.fingerprint import case_fingerprint
+from evalsnap.pipeline.unit import score_unit
 from evalsnap.records import FrozenCase, InferenceRecord, ScoreUnit
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,6 +7,7 @@ import pickle
 import pytest
 
 import storage
+from evalsnap.errors import EvalsnapError
 from storage import (
     CorruptObjectError,
     InvalidId,
@@ -65,6 +66,7 @@ def test_errors_contract() -> None:
     ]
     for error in errors:
         assert isinstance(error, StorageError) and error.exit_code == 2
+        assert isinstance(error, EvalsnapError)  # one root: `except EvalsnapError` catches it
         clone = pickle.loads(pickle.dumps(error))
         assert type(clone) is type(error) and str(clone) == str(error)
         assert vars(clone) == vars(error)

@@ -5,12 +5,19 @@ path — runner, tools, session state, judge prompt rendering, sampling, parsing
 aggregation — runs for real without the internet:
 
 * :class:`ScriptedAgentLlm` (``offline-agent*``) follows the keyword table in
-  :mod:`examples._agent_script`: one model call per tool call, then one for the answer.
+  :mod:`shop_agent._agent_script`: one model call per tool call, then one for the answer.
 * :class:`OfflineJudgeLlm` (``offline-judge*``) answers ADK's judge prompts by the rules in
-  :mod:`examples._judge_answers`.
+  :mod:`shop_agent._judge_answers`.
 
-Always import this module as ``examples.offline_models`` (the ``evalsnap.adk.plugins`` entry
-point does): a second import under another name would get its own counters.
+Importing this module registers both models (:func:`register`). It is the demo's own
+plugin, not the product's: ``test_config.json`` names it under ``"evalsnapPlugins"``, so every
+process that resolves the demo's config (the CLI, a deployment's flow run, a Dask worker)
+imports it from the agent's parent directory, and ``agent.py`` imports it relatively for
+the agent's model. Installing evalsnap registers nothing of it.
+
+Always import it as ``shop_agent.offline_models`` (the config's plugin name, and what the
+relative import in ``agent.py`` resolves to): a second import under another name (say
+``examples.shop_agent.offline_models``) would get its own classes and counters.
 
 Environment knobs, read on every call so tests can ``monkeypatch.setenv``:
 
@@ -174,7 +181,7 @@ def _read_turn(llm_request: LlmRequest) -> tuple[str, list[tuple[str, dict[str, 
 
 
 class ScriptedAgentLlm(_OfflineLlm):
-    """Deterministic agent model: the keyword table of :mod:`examples._agent_script`."""
+    """Deterministic agent model: the keyword table of :mod:`shop_agent._agent_script`."""
 
     model: str = AGENT_MODEL
 
@@ -219,7 +226,7 @@ class ScriptedAgentLlm(_OfflineLlm):
 
 
 class OfflineJudgeLlm(_OfflineLlm):
-    """Deterministic judge: answers ADK judge prompts by :mod:`examples._judge_answers`."""
+    """Deterministic judge: answers ADK judge prompts by :mod:`shop_agent._judge_answers`."""
 
     model: str = JUDGE_MODEL
 
@@ -259,3 +266,7 @@ def register() -> None:
         except ValueError:  # Not registered yet.
             pass
         LLMRegistry.register(cls)
+
+
+# Imported as a plugin (``evalsnapPlugins``) or by agent.py: registering is the import's job.
+register()

@@ -1,4 +1,4 @@
-"""The keyword table behind :class:`examples.offline_models.ScriptedAgentLlm`.
+"""The keyword table behind :class:`shop_agent.offline_models.ScriptedAgentLlm`.
 
 Pure functions, no ADK model machinery: given the latest user text they return the tool
 calls to make (in order), and given this turn's tool results they return the final answer.

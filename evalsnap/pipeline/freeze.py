@@ -1,0 +1,50 @@
+"""Freeze: the inference records + the full reference cases + the resolved rules, written
+once as a content-addressed snapshot. From then on scoring reads only the snapshot."""
+
+from __future__ import annotations
+
+from google.adk.evaluation.eval_set import EvalSet
+from google.adk.version import __version__ as ADK_VERSION
+from pydantic import BaseModel, ConfigDict
+
+from evalsnap.adk.inference import now_iso
+from evalsnap.fingerprint import case_fingerprint
+from evalsnap.pipeline.outcomes import InferenceOutcome
+from evalsnap.records import FrozenCase, MetricRule, Snapshot, repo
+
+
+class FreezeRequest(BaseModel):
+    """What the freeze task is asked to do."""
+
+    model_config = ConfigDict(frozen=True)
+
+    store_url: str
+    eval_set_json: str
+    """The selected eval set (the *current* references) as JSON text."""
+    rules: list[MetricRule]
+    outcomes: list[InferenceOutcome]
+    app_name: str
+
+
+def freeze(req: FreezeRequest) -> str:
+    """Writes the snapshot (write-once, content-addressed) and returns its id."""
+    store = repo.open_store(req.store_url)
+    eval_set = EvalSet.model_validate_json(req.eval_set_json)
+    by_case: dict[str, list[InferenceOutcome]] = {}
+    for outcome in sorted(req.outcomes, key=lambda o: o.repetition):
+        by_case.setdefault(outcome.eval_id, []).append(outcome)
+    cases = []
+    for case in eval_set.eval_cases:
+        reference = case.model_dump(mode="json", by_alias=False)
+        for outcome in by_case.get(case.eval_id, []):
+            record = repo.get_inference(store, outcome.oid)
+            cases.append(FrozenCase(
+                eval_id=case.eval_id, repetition=outcome.repetition, inference_oid=outcome.oid,
+                inference_fingerprint=record.inference_fingerprint, inference_ok=record.ok,
+                reference=reference, case_fingerprint=case_fingerprint(record, reference)))
+    snapshot = Snapshot(eval_set_id=eval_set.eval_set_id, eval_set_name=eval_set.name,
+                        app_name=req.app_name, adk_version=ADK_VERSION, cases=cases,
+                        rules=req.rules, created_at=now_iso())
+    oid = repo.put(store, snapshot)
+    store.flush()
+    return oid

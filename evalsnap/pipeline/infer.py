@@ -1,0 +1,151 @@
+"""Inference: run the agent on a batch of cases (or reuse earlier runs of them).
+
+One request is a *batch* of consecutive cases × repetitions, run concurrently on one event
+loop (``concurrency``), each case under one slot of the agent's model limit. Reuse is per
+case, decided by :mod:`evalsnap.pipeline.reuse`. A failed inference is recorded as a
+failure and never reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any
+
+from google.adk.evaluation.eval_case import EvalCase
+from google.adk.version import __version__ as ADK_VERSION
+from pydantic import BaseModel, ConfigDict
+
+from evalsnap.adk.agent import LoadedAgent, load_agent
+from evalsnap.adk.inference import now_iso, run_inference
+from evalsnap.pipeline import limits, progress, reuse, runners
+from evalsnap.pipeline.outcomes import InferenceOutcome
+from evalsnap.records import InferenceRecord, repo
+
+
+class InferItem(BaseModel):
+    """One case × repetition of a batch."""
+
+    model_config = ConfigDict(frozen=True)
+
+    eval_id: str
+    repetition: int
+    fingerprint: str
+    case_json: str
+    """The ``EvalCase`` as JSON text: Prefect walks structured task arguments value by value."""
+
+
+class InferBatch(BaseModel):
+    """What one inference task is asked to do."""
+
+    model_config = ConfigDict(frozen=True)
+
+    store_url: str
+    agent_dir: str
+    eval_set_id: str
+    run_id: str
+    reuse: bool
+    concurrency: int = 8
+    items: list[InferItem]
+
+    @property
+    def label(self) -> str:
+        first, last = self.items[0].eval_id, self.items[-1].eval_id
+        return first if len(self.items) == 1 else f"{first} … {last} ({len(self.items)})"
+
+
+@functools.lru_cache(maxsize=8)
+def agent_at(agent_dir: str) -> LoadedAgent:
+    """The agent package, imported once per process."""
+    return load_agent(agent_dir)
+
+
+async def _one(batch: InferBatch, item: InferItem, attempt: int) -> InferenceOutcome:
+    store = repo.open_store(batch.store_url)
+    # A retry (attempt > 1) finds what an earlier attempt of this run stored, as any reuse.
+    if batch.reuse or attempt > 1:
+        found = reuse.find_inference(store, item.fingerprint)
+        if found is not None and (batch.reuse or found[1].run_id == batch.run_id):
+            oid, record = found
+            return InferenceOutcome(eval_id=item.eval_id, repetition=item.repetition, oid=oid,
+                                    fingerprint=item.fingerprint, status="success",
+                                    run_id=record.run_id,
+                                    model_calls=record.model_calls
+                                    if record.run_id == batch.run_id else 0)
+    case = EvalCase.model_validate_json(item.case_json)
+    async with limits.model_slot("agent"):
+        record = await run_inference(agent_at(batch.agent_dir), case,
+                                     eval_set_id=batch.eval_set_id, repetition=item.repetition,
+                                     run_id=batch.run_id, attempt=attempt)
+    oid = repo.put(store, record)
+    repo.index_inference(store, record, oid)
+    return InferenceOutcome(eval_id=item.eval_id, repetition=item.repetition, oid=oid,
+                            fingerprint=item.fingerprint, status=record.status,
+                            model_calls=record.model_calls, run_id=batch.run_id,
+                            error=record.error)
+
+
+def infer_batch(batch: InferBatch, attempt: int = 1) -> list[InferenceOutcome]:
+    """Runs (or reuses) every item of ``batch``; returns their outcomes in order.
+
+    Synchronous: it runs its own event loop, under one of the process's CPU slots, and
+    makes what it wrote durable before it returns.
+    """
+    async def run_all() -> list[InferenceOutcome]:
+        gate = asyncio.Semaphore(max(1, batch.concurrency))
+
+        async def one(item: InferItem) -> InferenceOutcome:
+            async with gate:
+                outcome = await _one(batch, item, attempt)
+            progress.advance("inference")
+            return outcome
+
+        return list(await asyncio.gather(*(one(item) for item in batch.items)))
+
+    with runners.cpu_slot():
+        outcomes = asyncio.run(run_all())
+    repo.open_store(batch.store_url).flush()
+    return outcomes
+
+
+def record_failures(batch: InferBatch, items: list[InferItem], error: str,
+                    attempts: int) -> list[InferenceOutcome]:
+    """Failed inferences for ``items`` of a batch whose task failed as a whole."""
+    store = repo.open_store(batch.store_url)
+    agent = agent_at(batch.agent_dir)
+    out = []
+    for item in items:
+        record = InferenceRecord(
+            inference_fingerprint=item.fingerprint, eval_set_id=batch.eval_set_id,
+            eval_id=item.eval_id, repetition=item.repetition, app_name=agent.name,
+            agent_name=agent.root_agent.name, adk_version=ADK_VERSION, status="failure",
+            error=error, attempts=attempts, run_id=batch.run_id, created_at=now_iso())
+        out.append(InferenceOutcome(eval_id=item.eval_id, repetition=item.repetition,
+                                    oid=repo.put(store, record), fingerprint=item.fingerprint,
+                                    status="failure", run_id=batch.run_id, error=error))
+    store.flush()
+    return out
+
+
+def with_identity(items: list[InferItem], outcomes: list[Any]) -> list[InferenceOutcome]:
+    """Outcomes named after the items they answer: identical inputs share one inference
+    (same fingerprint), so the case identity comes from the request, not the result."""
+    return [InferenceOutcome.model_validate(o).model_copy(
+        update={"eval_id": i.eval_id, "repetition": i.repetition})
+        for i, o in zip(items, outcomes, strict=True)]
+
+
+def batches(n_items: int, workers: int, size: int | None = None) -> list[range]:
+    """Deterministic partition of ``n_items`` into consecutive batches.
+
+    ``size`` (``EVALSNAP_INFER_BATCH``) fixes the batch size; by default there is about
+    one batch per worker, at most 50 items each, so a retry, a cache entry or a progress
+    step is never coarse (how many run at once is :func:`evalsnap.pipeline.runners.cpu_slot`'s
+    business). The same eval set gives the same batches, which is what lets Prefect's
+    cache answer a rerun.
+    """
+    if n_items <= 0:
+        return []
+    if not size:
+        size = max(1, min(50, -(-n_items // max(1, workers))))
+    return [range(start, min(start + size, n_items)) for start in range(0, n_items, size)]

@@ -1,0 +1,207 @@
+"""The one reuse authority: every decision to use earlier work instead of doing it again.
+
+The rules (DESIGN.md "Reuse rules"), each decided here and nowhere else:
+
+* **Inference** is reused only with ``reuse``, when the inference index names a record
+  with the same fingerprint that hash-verifies, parses and succeeded.
+* **A score unit** is reused only with ``reuse`` and without ``force``, when the metric's
+  evaluator is trusted (a built-in, or a custom metric with a declared version), and the
+  unit index names a *complete* unit with the same key that hash-verifies and parses.
+* **A judge sample** is answered from the ledger only with ``reuse`` and without
+  ``force``, by an earlier successful, parsed entry for the same request key and sample.
+
+Prefect's task cache mirrors these decisions; it never makes one of its own:
+
+* its keys come from :func:`inference_cache_key` and :func:`score_cache_key`, which give
+  no key (no cache read, no write) with ``force`` or for an untrusted evaluator, and
+  :func:`refresh_cache` lets a run without ``reuse`` write its results but never read one;
+* a task result is written to the cache only when :func:`cacheable` (every inference
+  succeeded, every unit complete), and a cached result is used only when
+  :func:`cache_hit_usable`: it names exactly what the indexes above would hand out, so a
+  damaged, missing, superseded or crafted entry counts as absent and the task runs again.
+
+Nothing here imports code named in the store: records are parsed as data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+
+from evalsnap.errors import EvalsnapError
+from evalsnap.fingerprint import unit_fingerprint
+from evalsnap.pipeline import ledger
+from evalsnap.pipeline.judge import LedgerSource
+from evalsnap.pipeline.outcomes import InferenceOutcome, UnitOutcome
+from evalsnap.records import FrozenCase, InferenceRecord, MetricRule, ScoreUnit, repo
+from storage import Store
+
+logger = logging.getLogger(__name__)
+
+
+# ---- inference ------------------------------------------------------------------------------
+
+def usable_inference(store: Store, oid: str, fingerprint: str) -> InferenceRecord | None:
+    """The record ``oid`` if it hash-verifies, parses, succeeded and has this fingerprint."""
+    try:
+        record = repo.get_inference(store, oid)
+    except EvalsnapError as exc:
+        logger.warning("inference %s unusable (%s); running the agent again", oid, exc)
+        return None
+    return record if record.ok and record.inference_fingerprint == fingerprint else None
+
+
+def find_inference(store: Store, fingerprint: str) -> tuple[str, InferenceRecord] | None:
+    """The indexed, verified, successful inference with this fingerprint, if any."""
+    entry = repo.inference_index_entry(store, fingerprint)
+    oid = entry.get("oid") if entry else None
+    record = usable_inference(store, oid, fingerprint) if isinstance(oid, str) else None
+    return (oid, record) if record is not None else None  # type: ignore[return-value]
+
+
+# ---- score units ----------------------------------------------------------------------------
+
+def why_not_reused(rule: MetricRule, *, reuse: bool, force: bool) -> str | None:
+    """Why no unit of this metric may be reused in this run, or None if units may be."""
+    if force:
+        return "forced"
+    if not reuse:
+        return "reuse not requested"
+    if not rule.evaluator.trusted:
+        return "no trusted version"
+    return None
+
+
+def find_unit(store: Store, ufp: str) -> tuple[str, ScoreUnit] | None | str:
+    """The indexed, verified, complete unit with key ``ufp``; else why there is none
+    (``"new"`` or ``"incomplete before"``)."""
+    entry = repo.unit_index_entry(store, ufp)
+    oid = entry.get("unit_oid") if entry else None
+    if not isinstance(oid, str):
+        return "new"
+    if not entry or not entry.get("complete"):
+        return "incomplete before"
+    unit = repo.load_unit(store, oid)
+    if unit is None:
+        return "new"  # damaged or missing: absent
+    if not unit.complete or unit.unit_fingerprint != ufp:
+        return "incomplete before"
+    return oid, unit
+
+
+def reusable_unit(store: Store, rule: MetricRule, frozen: FrozenCase, *, reuse: bool,
+                  force: bool) -> tuple[UnitOutcome | None, str]:
+    """A complete earlier unit to reuse for ``rule`` on ``frozen``, or why there is none."""
+    why = why_not_reused(rule, reuse=reuse, force=force)
+    if why is not None:
+        return None, why
+    ufp = unit_fingerprint(frozen.case_fingerprint, rule.rule_fingerprint)
+    found = find_unit(store, ufp)
+    if isinstance(found, str) or found is None:
+        return None, found or "new"
+    oid, unit = found
+    entry = repo.unit_index_entry(store, ufp) or {}
+    return UnitOutcome(
+        eval_id=frozen.eval_id, repetition=frozen.repetition, metric_name=rule.metric_name,
+        unit_oid=oid, unit_fingerprint=ufp, case_fingerprint=frozen.case_fingerprint,
+        rule_fingerprint=rule.rule_fingerprint, complete=True, status=unit.status,
+        score=unit.score, run_id=unit.run_id, reused_from_record=entry.get("record_oid"),
+        why="reused"), "reused"
+
+
+# ---- judge samples --------------------------------------------------------------------------
+
+def judge_answers(store: Store, *, reuse: bool, force: bool) -> LedgerSource | None:
+    """Where a judge request may be answered from instead of the model (None: the model)."""
+    return ledger.reuse_source(store) if reuse and not force else None
+
+
+# ---- Prefect's task cache -------------------------------------------------------------------
+
+def _digest(lines: list[str]) -> str:
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def inference_key(fingerprints: list[str]) -> str:
+    return f"infer-{_digest(fingerprints)}"
+
+
+def score_key(metric_name: str, unit_fingerprints: list[str]) -> str:
+    return f"score-{_digest([metric_name, _digest(unit_fingerprints)])}"
+
+
+def units_digest(unit_fingerprints: list[str]) -> str:
+    """What a score request carries instead of its unit keys (see :func:`score_key`)."""
+    return _digest(unit_fingerprints)
+
+
+def inference_cache_key(context: Any, parameters: dict[str, Any]) -> str | None:
+    """Prefect ``cache_key_fn`` of an inference batch: its cases' inference fingerprints."""
+    return inference_key([item.fingerprint for item in parameters["request"].items])
+
+
+def score_cache_key(context: Any, parameters: dict[str, Any]) -> str | None:
+    """Prefect ``cache_key_fn`` of a metric's scoring task: none with ``force`` or for an
+    untrusted evaluator (never cached, never read)."""
+    req = parameters["request"]
+    if req.force or not req.trusted:
+        return None
+    return f"score-{_digest([req.metric_name, req.units_digest])}"
+
+
+def refresh_cache(request: Any) -> bool:
+    """Whether a task may only *write* its cache entry, not read one: without ``reuse``
+    (or with ``force``) the work is done again, and what it produced is cached for later
+    runs that reuse."""
+    return not request.reuse or bool(getattr(request, "force", False))
+
+
+def _parse(key: str, value: Any) -> list[InferenceOutcome] | list[UnitOutcome] | None:
+    if not isinstance(value, list) or not value:
+        return None
+    model = InferenceOutcome if key.startswith("infer-") else UnitOutcome
+    if not key.startswith(("infer-", "score-")):
+        return None
+    try:
+        return [model.model_validate(v) for v in value]  # type: ignore[misc]
+    except (ValidationError, TypeError, ValueError):
+        return None
+
+
+def _key_of(outcomes: list[InferenceOutcome] | list[UnitOutcome]) -> str | None:
+    if isinstance(outcomes[0], InferenceOutcome):
+        return inference_key([o.fingerprint for o in outcomes])  # type: ignore[union-attr]
+    names = {o.metric_name for o in outcomes}  # type: ignore[union-attr]
+    if len(names) != 1:
+        return None
+    return score_key(names.pop(), [o.unit_fingerprint for o in outcomes])  # type: ignore[union-attr]
+
+
+def cacheable(key: str, value: Any) -> bool:
+    """Whether a task's result may be written to Prefect's cache under ``key``."""
+    outcomes = _parse(key, value)
+    if outcomes is None or _key_of(outcomes) != key:
+        return False
+    return all(o.status == "success" if isinstance(o, InferenceOutcome) else o.complete
+               for o in outcomes)
+
+
+def cache_hit_usable(store: Store, key: str, value: Any) -> bool:
+    """Whether a result Prefect's cache holds under ``key`` may be used, item by item: an
+    inference must pass the same checks as an indexed one (two cases with the same inputs
+    may each have their own record of one fingerprint), a unit must be the very one the unit
+    index names (a superseded, or never published, unit is not)."""
+    if not cacheable(key, value):
+        return False
+    for o in _parse(key, value) or []:
+        if isinstance(o, InferenceOutcome):
+            if usable_inference(store, o.oid, o.fingerprint) is None:
+                return False
+        else:
+            hit = find_unit(store, o.unit_fingerprint)
+            if isinstance(hit, str) or hit is None or hit[0] != o.unit_oid:
+                return False
+    return True

@@ -1,0 +1,142 @@
+"""Score: one metric over every frozen case of a snapshot (one request per metric).
+
+Each case × metric is a *score unit*, reused when :mod:`evalsnap.pipeline.reuse` allows and
+otherwise scored on copies of the frozen inputs (:mod:`evalsnap.pipeline.unit`), with
+every judge call recorded in the ledger. Evaluators come only from the live config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import sys
+import threading
+from collections.abc import Callable
+
+from pydantic import BaseModel, ConfigDict
+
+from evalsnap import settings
+from evalsnap.adk.config import LoadedConfig, resolve_config
+from evalsnap.errors import ConfigError
+from evalsnap.pipeline import ledger, progress, reuse
+from evalsnap.pipeline.outcomes import UnitOutcome
+from evalsnap.pipeline.unit import score_unit
+from evalsnap.records import FrozenCase, MetricRule, ScoreUnit, repo
+
+
+class ScoreRequest(BaseModel):
+    """What one metric's scoring task is asked to do."""
+
+    model_config = ConfigDict(frozen=True)
+
+    store_url: str
+    snapshot_oid: str
+    metric_name: str
+    units_digest: str
+    """Digest of the unit keys in order (:func:`evalsnap.pipeline.reuse.units_digest`)."""
+    trusted: bool
+    """Whether the metric's evaluator is trusted for reuse (from the snapshot's rule)."""
+    config_json: str
+    config_where: str
+    sys_paths: list[str]
+    run_id: str
+    reuse: bool
+    force: bool
+    case_ids: list[str] | None = None
+    concurrency: int = 8
+
+
+_config_lock = threading.Lock()
+
+
+def live_config(config_json: str, where: str) -> LoadedConfig:
+    """The resolved config, once per process (a run's metric tasks start together)."""
+    with _config_lock:
+        return _resolved_config(config_json, where)
+
+
+@functools.lru_cache(maxsize=8)
+def _resolved_config(config_json: str, where: str) -> LoadedConfig:
+    return resolve_config(json.loads(config_json), where=where)
+
+
+def ensure_paths(paths: list[str]) -> None:
+    """Makes custom metric modules importable in this (possibly remote) process."""
+    for p in paths:
+        if p not in sys.path:
+            sys.path.insert(0, p)
+
+
+def units_in_flight(rule: MetricRule, concurrency: int) -> int:
+    """Units a metric task scores at once: ``concurrency``, or, for a judge metric, as many
+    as the process's judge limit has slots. A judge unit asks its samples one after the
+    other, so at ``concurrency`` units the last judge metric still running would use only
+    ``concurrency`` of the limit's slots; the limit, not the unit count, bounds the calls."""
+    if rule.judge:
+        return max(concurrency, settings.get().judge_concurrency)
+    return concurrency
+
+
+def _outcome(unit: ScoreUnit, oid: str, why: str, reused_judge_samples: int = 0) -> UnitOutcome:
+    return UnitOutcome(
+        eval_id=unit.eval_id, repetition=unit.repetition, metric_name=unit.metric_name,
+        unit_oid=oid, unit_fingerprint=unit.unit_fingerprint,
+        case_fingerprint=unit.case_fingerprint, rule_fingerprint=unit.rule_fingerprint,
+        complete=unit.complete, status=unit.status, score=unit.score,
+        judge_calls=unit.judge_calls, reused_judge_samples=reused_judge_samples,
+        run_id=unit.run_id, why=why)
+
+
+async def score_metric_async(req: ScoreRequest,
+                             on_unit: Callable[[], None] | None = None) -> list[UnitOutcome]:
+    ensure_paths(req.sys_paths)
+    store = repo.open_store(req.store_url)
+    snapshot = repo.get_snapshot(store, req.snapshot_oid)
+    rule = snapshot.rule(req.metric_name)
+    live = live_config(req.config_json, req.config_where)
+    live_rule = next((r for r in live.rules if r.metric_name == req.metric_name), None)
+    if live_rule is None or live_rule.rule_fingerprint != rule.rule_fingerprint:
+        raise ConfigError(
+            f"metric {req.metric_name!r} in snapshot {req.snapshot_oid} differs from the live "
+            f"config {req.config_where}; evaluators come only from the live config, so freeze "
+            "again.")
+    eval_metric = live.eval_metric(rule)
+    gate = asyncio.Semaphore(units_in_flight(rule, req.concurrency))
+    judge_source = reuse.judge_answers(store, reuse=req.reuse, force=req.force)
+
+    async def one(frozen: FrozenCase) -> UnitOutcome:
+        outcome = await unit_of(frozen)
+        if on_unit is not None:
+            on_unit()
+        return outcome
+
+    async def unit_of(frozen: FrozenCase) -> UnitOutcome:
+        reused, why = reuse.reusable_unit(store, rule, frozen, reuse=req.reuse, force=req.force)
+        if reused is not None:
+            return reused
+        async with gate:
+            # parsed for this unit alone: the evaluator may have it, no copy needed
+            inference = repo.get_inference(store, frozen.inference_oid)
+            unit, recorder = await score_unit(rule, eval_metric, frozen, inference,
+                                              live.registry, run_id=req.run_id,
+                                              judge_source=judge_source,
+                                              inference_is_private=True)
+        reused_samples = 0
+        if recorder is not None:
+            # every judge call, live or answered from the ledger, becomes a ledger entry
+            entries = ledger.entries_for(recorder, rule, frozen, req.run_id)
+            unit = unit.model_copy(update={"ledger": ledger.write_entries(store, entries)})
+            reused_samples = recorder.reused_samples
+        return _outcome(unit, repo.put(store, unit), why, reused_samples)
+
+    cases = [c for c in snapshot.cases if req.case_ids is None or c.eval_id in req.case_ids]
+    return list(await asyncio.gather(*(one(c) for c in cases)))
+
+
+def score_metric(req: ScoreRequest) -> list[UnitOutcome]:
+    """Scores (or reuses) every unit of one metric; synchronous, on its own event loop,
+    durable before it returns."""
+    outcomes = asyncio.run(score_metric_async(req, lambda: progress.advance("scoring")))
+    repo.open_store(req.store_url).flush()
+    return outcomes

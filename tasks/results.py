@@ -1,0 +1,143 @@
+"""Prefect's task cache, kept inert: JSON ids in, JSON ids out, nothing imported or run.
+
+Prefect persists a cached task result as a *result record*: JSON metadata naming a
+serializer, and the result as that serializer wrote it; reading one back instantiates
+whatever serializer the file names (``pickle`` runs code; Prefect's ``json`` decoder imports
+any ``__class__`` a file names). A store anyone can write to must never get that far, so
+both of Prefect's extension points are ours:
+
+* :class:`IdsSerializer` (``type: evalsnap-ids``) writes and reads plain JSON data (lists,
+  dicts, strings, numbers) and nothing else;
+* :class:`StoreResults`, the result storage, keeps records in the evalsnap store
+  (``v1/prefect/<key>``, with the store's deadlines) and hands Prefect a record only if it
+  parses as plain JSON, names our serializer, and holds exactly what the reuse authority
+  (:func:`evalsnap.pipeline.reuse.cache_hit_usable`) would hand out itself; anything else
+  reads as absent, so the task runs. It writes only what
+  :func:`evalsnap.pipeline.reuse.cacheable` allows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from typing import Any, ClassVar
+
+from prefect.filesystems import WritableFileSystem
+from prefect.serializers import Serializer
+from pydantic import Field
+
+from evalsnap.errors import EvalsnapError
+from evalsnap.pipeline import reuse
+from evalsnap.records import repo
+
+logger = logging.getLogger(__name__)
+
+SERIALIZER_TYPE = "evalsnap-ids"
+#: A cached result is a list of small id records; anything much bigger is not ours.
+MAX_RESULT_BYTES = 64 * 1024 * 1024
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    """JSON data only: no depth bomb, nothing that could name code."""
+    if depth > 16:
+        return False
+    if value is None or isinstance(value, bool | int | float | str):
+        return True
+    if isinstance(value, list):
+        return all(_plain(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+def loads_plain(data: bytes | str) -> Any:
+    """Parses JSON into plain data (no NaN/Infinity); ``ValueError`` otherwise."""
+    value = json.loads(data, parse_constant=_reject_constant)
+    if not _plain(value):
+        raise ValueError("not plain JSON data")
+    return value
+
+
+class IdsSerializer(Serializer):  # type: ignore[type-arg]
+    """Plain JSON data, never code: what evalsnap's tasks return (lists of id records)."""
+
+    type: str = Field(default=SERIALIZER_TYPE, frozen=True)
+
+    def dumps(self, obj: Any) -> bytes:
+        if not _plain(obj):
+            raise ValueError("evalsnap task results are plain JSON data (ids), "
+                             f"not {type(obj).__name__}")
+        return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+
+    def loads(self, blob: bytes) -> Any:
+        return loads_plain(blob)
+
+
+def _record_value(data: bytes) -> Any:
+    """The result inside a stored result record, if the record is one of ours; else raises."""
+    if len(data) > MAX_RESULT_BYTES:
+        raise ValueError(f"{len(data)} bytes")
+    record = loads_plain(data)
+    if not isinstance(record, dict) or not isinstance(record.get("metadata"), dict):
+        raise ValueError("not a result record")
+    serializer = record["metadata"].get("serializer")
+    kind = serializer.get("type") if isinstance(serializer, dict) else None
+    if kind != SERIALIZER_TYPE:
+        raise ValueError(f"it names serializer {kind!r}, not {SERIALIZER_TYPE!r}")
+    result = record.get("result")
+    if not isinstance(result, str):
+        raise ValueError("its result is not text")
+    return loads_plain(result)
+
+
+class StoreResults(WritableFileSystem):
+    """Prefect result storage in the evalsnap store, guarded by the reuse authority."""
+
+    _block_type_name: ClassVar[str] = "evalsnap task results"
+    _block_type_slug: ClassVar[str] = "evalsnap-task-results"
+
+    store_url: str
+
+    # Verdicts per (key, sha256 of the bytes): Prefect reads a hit twice (exists, read).
+    _verdicts: ClassVar[dict[tuple[str, str], bool]] = {}
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def _usable(self, key: str, data: bytes) -> bool:
+        memo = (key, hashlib.sha256(data).hexdigest())
+        with self._lock:
+            if memo in self._verdicts:
+                return self._verdicts[memo]
+        try:
+            value = _record_value(data)
+            ok = reuse.cache_hit_usable(repo.open_store(self.store_url), key, value)
+            if not ok:
+                logger.info("cached result %s does not match the store's indexes; "
+                            "running the task again", key)
+        except (ValueError, RecursionError, EvalsnapError) as exc:
+            logger.warning("refusing cached result %s: %s", key, exc)
+            ok = False
+        with self._lock:
+            self._verdicts[memo] = ok
+        return ok
+
+    def read_path(self, path: str, **_: Any) -> bytes:
+        data = repo.open_store(self.store_url).get_task_result(path)
+        if data is None or not self._usable(path, data):
+            raise FileNotFoundError(path)  # Prefect: no cached result, the task runs
+        return data
+
+    def write_path(self, path: str, content: bytes, **_: Any) -> str:
+        try:
+            value = _record_value(content)
+        except ValueError as exc:
+            logger.warning("not caching task result %s: %s", path, exc)
+            return path
+        if reuse.cacheable(path, value):
+            repo.open_store(self.store_url).put_task_result(path, content)
+        return path

@@ -1,0 +1,572 @@
+"""Every reuse rule of DESIGN.md ("Reuse rules", "Storage", "Prefect"), end to end through the
+real CLI, as one table.
+
+A module-scoped store is prepared once: ``run`` and then ``run --reuse`` of the offline example
+agent on a few cases and metrics (so that Prefect's task cache under ``<store>/v1/prefect/``
+holds both inference and scoring results, as it does in production after the first reuse).
+Each scenario gets a private copy of that store and of the agent dir (``shop_copy``), changes
+one thing (a config edit, a damaged object, a planted cache file), runs ``evalsnap run`` and
+checks, per (case, metric), whether the unit was reused or scored again — in the ``--json``
+output *and* in what the store holds: a unit scored again was written by that run, a reused
+unit names the earlier run that wrote it. After every scenario ``evalsnap verify`` runs.
+
+Only the public path is used: the CLI in fresh processes, and the store read through
+``evalsnap.records`` and files on disk. Nothing imports the pipeline, tasks or flows.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evalsnap.records import EvaluationRecord, ScoreUnit, repo
+from tests.conftest import SHOP, CliResult, run_cli
+
+CASES = ("weather_paris", "cart_add_two_items", "greeting_then_weather",
+         "weather_paris_stale_reference")
+"""Base cases: one and two turns, with and without a session state, and one whose reference
+is stale (quality FAILED units, which are complete and so reusable). No unit here is
+NOT_EVALUATED, so the base runs exit 1 (a quality failure) and an internal error (exit 3)
+cannot pass unnoticed."""
+INCOMPLETE_CASE = "out_of_scope_flight"
+"""Its ``final_session_state`` is an explicit ``null`` in the eval set: no expectation, so
+``final_state_match`` is NOT_EVALUATED there (an incomplete unit)."""
+RMS = "response_match_score"
+JUDGE = "final_response_match_v2"
+STATE = "final_state_match"
+CUSTOM = "response_mentions_city"
+METRICS = (RMS, JUDGE, STATE, CUSTOM)
+
+Key = tuple[str, str]  # (eval_id, metric)
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+
+def run_args(agent: Path, store: Path, *flags: str, cases: tuple[str, ...] = CASES,
+             metrics: tuple[str, ...] = METRICS) -> list[str]:
+    args = ["run", str(agent), str(agent / "shop.evalset.json"), "--store", str(store),
+            "--json", *flags]
+    for c in cases:
+        args += ["--case", c]
+    for m in metrics:
+        args += ["--metric", m]
+    return args
+
+
+def object_path(store: Path, kind: str, oid: str) -> Path:
+    hexd = oid.removeprefix("sha256:")
+    return store / "v1" / "objects" / kind / hexd[:2] / hexd[2:]
+
+
+def manifests(store: Path) -> dict[str, dict[str, Any]]:
+    runs = store / "v1" / "refs" / "runs"
+    return {p.name: json.loads(p.read_text("utf-8")) for p in sorted(runs.iterdir())
+            if p.is_file()}
+
+
+def prefect_files(store: Path) -> list[Path]:
+    root = store / "v1" / "prefect"
+    return sorted(p for p in root.rglob("*") if p.is_file()) if root.exists() else []
+
+
+def units_of(result: dict[str, Any]) -> dict[Key, dict[str, Any]]:
+    return {(c["eval_id"], m): v for c in result["cases"] for m, v in c["metrics"].items()}
+
+
+def edit_config(agent: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    path = agent / "test_config.json"
+    config = json.loads(path.read_text("utf-8"))
+    change(config)
+    path.write_text(json.dumps(config, indent=2), "utf-8")
+
+
+def stored_record(store: Path, run_id: str) -> tuple[str, EvaluationRecord]:
+    return repo.resolve_record(repo.open_store(str(store)), run_id)
+
+
+def stored_unit(store: Path, oid: str) -> ScoreUnit:
+    return repo.get(repo.open_store(str(store)), ScoreUnit, oid)
+
+
+# ---- the prepared store -----------------------------------------------------------------------
+
+@dataclass
+class Base:
+    agent: Path
+    store: Path
+    first: dict[str, Any]
+    first_code: int
+    reuse: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Base:
+    root = tmp_path_factory.mktemp("reuse_rules")
+    agent = root / "agents" / "shop_agent"
+    shutil.copytree(SHOP, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    store = root / "store"
+    first = run_cli(*run_args(agent, store))
+    assert first.code in (0, 1), f"expected the base run to finish (exit 0/1), got {first.code}: " \
+                                 f"{first.stderr[-3000:]}"
+    again = run_cli(*run_args(agent, store, "--reuse"))
+    assert again.code == first.code, f"expected the base --reuse run to exit {first.code}, got " \
+                                     f"{again.code}: {again.stderr[-3000:]}"
+    assert again.json["scored_units"] == 0 and again.json["agent_calls"] == 0, \
+        f"expected the base --reuse run to reuse everything: {again.stdout[-2000:]}"
+    # whatever its layout, Prefect's task cache now holds results for the planted scenarios
+    assert prefect_files(store), "expected Prefect result storage files under v1/prefect/"
+    verify = run_cli("verify", "--store", str(store), "--json")
+    assert verify.code == 0, f"expected the prepared store to verify clean: {verify.stdout}"
+    return Base(agent, store, first.json, first.code, again.json)
+
+
+@dataclass
+class World:
+    """One scenario's private copy of the prepared store, with its own agent dir."""
+
+    base: Base
+    agent: Path
+    store: Path
+    tmp: Path
+    env: dict[str, str] = field(default_factory=dict)
+    runs_before_damage: set[str] | None = None
+    damaged: dict[str, str] = field(default_factory=dict)
+    """oid → kind of each object this scenario damaged or deleted on purpose."""
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def base_unit_oid(self, key: Key) -> str:
+        _, record = stored_record(self.store, self.base.first["run_id"])
+        return next(u.unit_oid for u in record.units if (u.eval_id, u.metric_name) == key)
+
+    def base_inference_oid(self, eval_id: str) -> str:
+        _, record = stored_record(self.store, self.base.first["run_id"])
+        return next(i.inference_oid for i in record.inference if i.eval_id == eval_id)
+
+    def start_damage(self) -> None:
+        self.runs_before_damage = set(manifests(self.store))
+
+
+# ---- what each scenario does before its checked runs ------------------------------------------
+
+def drop_custom_version(w: World) -> None:
+    edit_config(w.agent, lambda c: c["customMetrics"][CUSTOM].pop("version"))
+
+
+def bump_custom_version(w: World) -> None:
+    def change(c: dict[str, Any]) -> None:
+        assert c["customMetrics"][CUSTOM]["version"] == "1", "expected the example at version 1"
+        c["customMetrics"][CUSTOM]["version"] = "2"
+    edit_config(w.agent, change)
+
+
+def rms_threshold(w: World) -> None:
+    edit_config(w.agent, lambda c: c["criteria"].__setitem__(RMS, 0.99))
+
+
+def judge_threshold(w: World) -> None:
+    edit_config(w.agent, lambda c: c["criteria"][JUDGE].__setitem__("threshold", 0.9))
+
+
+def judge_four_samples(w: World) -> None:
+    # a new numSamples is a new rule key: the garbled first run cannot fall back on the
+    # prepared store's complete units of the old key
+    edit_config(w.agent, lambda c: c["criteria"][JUDGE]["judgeModelOptions"].__setitem__(
+        "numSamples", 4))
+
+
+DAMAGED_UNIT: Key = ("weather_paris", RMS)
+DELETED_UNIT: Key = ("cart_add_two_items", JUDGE)
+DAMAGED_INFERENCE = "greeting_then_weather"
+
+
+def damage_units(w: World) -> None:
+    w.start_damage()
+    damaged, deleted = w.base_unit_oid(DAMAGED_UNIT), w.base_unit_oid(DELETED_UNIT)
+    path = object_path(w.store, "unit", damaged)
+    assert path.is_file(), f"expected the unit object of {DAMAGED_UNIT} at {path}"
+    path.write_bytes(b'{"not": "the unit that hashes to its name"}')
+    gone = object_path(w.store, "unit", deleted)
+    assert gone.is_file(), f"expected the unit object of {DELETED_UNIT} at {gone}"
+    gone.unlink()
+    w.damaged = {damaged: "unit", deleted: "unit"}
+
+
+def damage_inference(w: World) -> None:
+    w.start_damage()
+    oid = w.base_inference_oid(DAMAGED_INFERENCE)
+    path = object_path(w.store, "inference", oid)
+    assert path.is_file(), f"expected the inference object of {DAMAGED_INFERENCE} at {path}"
+    original = path.read_bytes()
+    path.write_bytes(original.replace(b"Berlin", b"Bxrlin"))
+    assert path.read_bytes() != original, "expected the inference bytes to be damaged"
+    w.damaged = {oid: "inference"}
+
+
+class _PickleBomb:
+    """Unpickling this creates the marker file (``open(marker, "w")``)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (self.marker, "w"))
+
+
+def _pickle_record(metadata: dict[str, Any], marker: Path) -> bytes:
+    from prefect.serializers import PickleSerializer
+
+    serializer = PickleSerializer()
+    return json.dumps({"metadata": {**metadata, "serializer": serializer.model_dump(mode="json")},
+                       "result": serializer.dumps(_PickleBomb(marker)).decode()}).encode()
+
+
+def _trap_module(directory: Path, name: str, marker: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.py").write_text(
+        "from pathlib import Path\n"
+        f"Path({str(marker)!r}).write_text('imported by a Prefect result file')\n"
+        "class Trap(dict):\n    pass\n", "utf-8")
+
+
+def _json_record(metadata: dict[str, Any], module: str) -> bytes:
+    from prefect.serializers import JSONSerializer
+
+    serializer = JSONSerializer()
+    payload = [{"__class__": f"{module}.Trap", "data": {}}]
+    return json.dumps({"metadata": {**metadata, "serializer": serializer.model_dump(mode="json")},
+                       "result": serializer.dumps(payload).decode()}).encode()
+
+
+def _assert_live(data: bytes, probe: Path) -> None:
+    """The planted record runs code when Prefect itself loads it: the test can fail."""
+    from prefect._internal.result_records import ResultRecord
+
+    try:
+        ResultRecord.deserialize(data)
+    except Exception:  # noqa: BLE001 - only the side effect matters
+        pass
+    assert probe.exists(), "expected the planted record to run code when Prefect loads it " \
+                           "(the test's bomb must be live)"
+    probe.unlink()
+
+
+def _replace_prefect_files(w: World, build: Callable[[dict[str, Any]], bytes]) -> None:
+    files = prefect_files(w.store)
+    assert files, "expected Prefect result files under v1/prefect/ to replace"
+    for path in files:
+        real = json.loads(path.read_text("utf-8"))
+        assert set(real) == {"metadata", "result"} and "serializer" in real["metadata"], \
+            f"expected Prefect's result record shape {{metadata, result}} in {path}: {real}"
+        path.write_bytes(build(real["metadata"]))
+    w.notes["planted"] = len(files)
+
+
+def plant_pickle(w: World) -> None:
+    marker = w.tmp / "PICKLE_EXECUTED"
+    w.notes["marker"] = marker
+    _assert_live(_pickle_record({}, w.tmp / "probe"), w.tmp / "probe")
+    _replace_prefect_files(w, lambda metadata: _pickle_record(metadata, marker))
+
+
+def plant_json_class(w: World) -> None:
+    import sys
+
+    marker = w.tmp / "JSON_CLASS_IMPORTED"
+    w.notes["marker"] = marker
+    code = w.tmp / "planted_code"
+    _trap_module(code, "evalsnap_planted_trap", marker)
+    _trap_module(code, "evalsnap_planted_probe", w.tmp / "probe")
+    sys.path.insert(0, str(code))
+    try:
+        _assert_live(_json_record({}, "evalsnap_planted_probe"), w.tmp / "probe")
+    finally:
+        sys.path.remove(str(code))
+        sys.modules.pop("evalsnap_planted_probe", None)
+    w.env["PYTHONPATH"] = str(code)  # the import *would* succeed in the CLI's process
+    _replace_prefect_files(w, lambda metadata: _json_record(metadata, "evalsnap_planted_trap"))
+
+
+# ---- extra checks -----------------------------------------------------------------------------
+
+def marker_absent(w: World, r: CliResult) -> None:
+    marker: Path = w.notes["marker"]
+    assert not marker.exists(), \
+        f"expected no code from Prefect's result storage to run, but {marker.name} was " \
+        f"created (the run exited {r.code})"
+
+
+def all_from_index(w: World, runs: list[CliResult]) -> None:
+    out = runs[-1].json
+    assert out["agent_calls"] == 0 and out["judge_calls"] == 0, \
+        f"expected every inference and judge answer from evalsnap's own index, got " \
+        f"agent_calls={out['agent_calls']} judge_calls={out['judge_calls']}"
+
+
+def no_judge_calls(w: World, runs: list[CliResult]) -> None:
+    out = runs[-1].json
+    assert out["judge_calls"] == 0, \
+        f"expected a threshold-only change to make no judge call, got {out['judge_calls']}"
+    assert out["reused_judge_samples"] > 0, \
+        "expected the judge answers to come from the ledger (reused_judge_samples > 0)"
+    assert {u["threshold"] for (_, m), u in units_of(out).items() if m == JUDGE} == {0.9}, \
+        "expected the new threshold 0.9 on every judge unit"
+
+
+def new_rms_threshold(w: World, runs: list[CliResult]) -> None:
+    out = runs[-1].json
+    assert {u["threshold"] for (_, m), u in units_of(out).items() if m == RMS} == {0.99}, \
+        f"expected the new threshold 0.99 on every {RMS} unit"
+    assert out["agent_calls"] == 0 and out["judge_calls"] == 0, \
+        "expected a deterministic threshold change to call neither the agent nor the judge"
+
+
+def incomplete_stays_incomplete(w: World, runs: list[CliResult]) -> None:
+    for r in runs:
+        u = units_of(r.json)[(INCOMPLETE_CASE, STATE)]
+        assert u["status"] == "NOT_EVALUATED" and not u["complete"], \
+            f"expected {INCOMPLETE_CASE}/{STATE} to stay NOT_EVALUATED, got {u}"
+        assert not r.json["complete"], "expected the run to report itself incomplete"
+
+
+def garbled_then_complete(w: World, runs: list[CliResult]) -> None:
+    first, again = w.notes["pre"][0].json, runs[-1].json
+    for c in CASES:
+        assert not units_of(first)[(c, JUDGE)]["complete"], \
+            f"expected the garbled run to leave {c}/{JUDGE} incomplete"
+        assert units_of(again)[(c, JUDGE)]["complete"], \
+            f"expected {c}/{JUDGE} complete once the judge answers properly"
+    assert again["judge_calls"] > 0, "expected the judge to be asked again for the errored samples"
+
+
+def units_rescored_cleanly(w: World, runs: list[CliResult]) -> None:
+    _assert_new_manifests_name_no_damaged_object(w)
+
+
+def inference_rerun_for_one_case(w: World, runs: list[CliResult]) -> None:
+    out = runs[-1].json
+    base_calls = w.base.first["agent_calls"]
+    assert 0 < out["agent_calls"] < base_calls, \
+        f"expected the agent to run again for {DAMAGED_INFERENCE} only: 0 < agent_calls < " \
+        f"{base_calls}, got {out['agent_calls']}"
+    reused = {c["eval_id"]: c["inference_reused"] for c in out["cases"]}
+    assert reused == {c: c != DAMAGED_INFERENCE for c in CASES}, \
+        f"expected only {DAMAGED_INFERENCE}'s inference to be run again, got {reused}"
+    _, record = stored_record(w.store, out["run_id"])
+    new_oid = next(i.inference_oid for i in record.inference if i.eval_id == DAMAGED_INFERENCE)
+    assert new_oid not in w.damaged, "expected the new record to name a sound inference object"
+    _assert_new_manifests_name_no_damaged_object(w)
+
+
+def forced(w: World, runs: list[CliResult]) -> None:
+    out = runs[-1].json
+    assert out["reused_units"] == 0, f"expected --force to reuse no unit, got {out['reused_units']}"
+    _, record = stored_record(w.store, out["run_id"])
+    assert record.force and record.reuse, "expected the record to say reuse and force"
+    assert record.parent_record == w.base.reuse["record_id"], \
+        "expected the forced record's parent to be the latest earlier record"
+    # both records are kept
+    assert {w.base.first["run_id"], w.base.reuse["run_id"], out["run_id"]} <= set(
+        manifests(w.store)), "expected every earlier run to stay in the store"
+
+
+def _assert_new_manifests_name_no_damaged_object(w: World) -> None:
+    assert w.runs_before_damage is not None
+    new = {k: m for k, m in manifests(w.store).items() if k not in w.runs_before_damage}
+    assert new, "expected a manifest written after the damage"
+    for run_id, m in new.items():
+        named = {e["oid"] for e in m["objects"]} | {m["record_oid"]}
+        _, record = stored_record(w.store, run_id)
+        named |= {u.unit_oid for u in record.units} | {i.inference_oid for i in record.inference}
+        assert not named & set(w.damaged), \
+            f"expected run {run_id} (written after the damage) to name no damaged or deleted " \
+            f"object, but it names {sorted(named & set(w.damaged))}"
+        for entry in m["objects"]:
+            assert object_path(w.store, entry["kind"], entry["oid"]).is_file(), \
+                f"expected {entry['kind']} object {entry['oid']} named by run {run_id} to exist"
+
+
+# ---- the table --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    scored: Callable[[World], set[Key]]
+    """Units expected to be scored again in every checked run; every other unit is reused."""
+    setup: Callable[[World], None] = lambda w: None
+    pre_runs: tuple[tuple[str, ...], ...] = ()
+    """Unchecked runs after ``setup`` (their flags); each must exit as ``pre_code`` says."""
+    pre_env: dict[str, str] = field(default_factory=dict)
+    pre_code: int | None = None
+    checked: int = 1
+    """How many checked ``run`` commands follow."""
+    flags: tuple[str, ...] = ("--reuse",)
+    cases: tuple[str, ...] = CASES
+    code: int | None = None
+    """Expected exit code of the checked runs; None: the base run's."""
+    why: dict[str, str] = field(default_factory=dict)
+    """metric → expected ``why`` of its scored units (where the README documents it)."""
+    guard: Callable[[World, CliResult], None] = lambda w, r: None
+    """Checked right after each run, before anything else (the most important check)."""
+    extra: Callable[[World, list[CliResult]], None] = lambda w, runs: None
+    damage: bool = False
+    """The scenario damaged objects that only earlier manifests name (see ``check_verify``)."""
+
+
+def per_metric(*metrics: str, cases: tuple[str, ...] = CASES) -> Callable[[World], set[Key]]:
+    return lambda w: {(c, m) for c in cases for m in metrics}
+
+
+def units(*keys: Key) -> Callable[[World], set[Key]]:
+    return lambda w: set(keys)
+
+
+SCENARIOS = [
+    # Without a declared version a custom metric is never reused automatically: not on the
+    # first --reuse run, not on the second, when Prefect's task cache holds a result for it.
+    Scenario("unversioned_custom_metric", per_metric(CUSTOM), setup=drop_custom_version,
+             pre_runs=((),), checked=2, why={CUSTOM: "no trusted version"}),
+    Scenario("versioned_custom_metric", units()),
+    # NOT_EVALUATED (no expectation for the final state) is incomplete: scored again by
+    # every --reuse run, never reused — also when Prefect cached the task that produced it
+    Scenario("incomplete_not_evaluated_unit", units((INCOMPLETE_CASE, STATE)),
+             pre_runs=(("--reuse",),), pre_code=3, checked=2, code=3,
+             cases=(*CASES, INCOMPLETE_CASE), why={STATE: "incomplete before"},
+             extra=incomplete_stays_incomplete),
+    # errored judge samples make a unit incomplete: scored again, never reused
+    Scenario("incomplete_garbled_judge_unit", per_metric(JUDGE), setup=judge_four_samples,
+             pre_runs=(("--reuse",),), pre_env={"EVALSNAP_DEMO_JUDGE_GARBLE": "1"},
+             pre_code=3, why={JUDGE: "incomplete before"}, extra=garbled_then_complete),
+    # a damaged object counts as absent for reuse: the work is done again, the run succeeds
+    Scenario("damaged_unit_object", units(DAMAGED_UNIT, DELETED_UNIT), setup=damage_units,
+             extra=units_rescored_cleanly, damage=True),
+    Scenario("damaged_inference_object", units(), setup=damage_inference,
+             extra=inference_rerun_for_one_case, damage=True),
+    Scenario("changed_threshold_deterministic", per_metric(RMS), setup=rms_threshold,
+             why={RMS: "rule changed"}, extra=new_rms_threshold),
+    Scenario("changed_threshold_judge", per_metric(JUDGE), setup=judge_threshold,
+             why={JUDGE: "rule changed"}, extra=no_judge_calls),
+    Scenario("changed_evaluator_version", per_metric(CUSTOM), setup=bump_custom_version,
+             why={CUSTOM: "evaluator version changed"}),
+    Scenario("force_with_reuse", per_metric(*METRICS), flags=("--reuse", "--force"),
+             why={m: "forced" for m in METRICS}, extra=forced),
+    # nothing read from Prefect's result storage may import or execute code
+    Scenario("planted_pickle_in_prefect_storage", units(), setup=plant_pickle,
+             guard=marker_absent, extra=all_from_index),
+    Scenario("planted_json_class_in_prefect_storage", units(), setup=plant_json_class,
+             guard=marker_absent, extra=all_from_index),
+]
+
+
+@pytest.fixture
+def world(prepared: Base, shop_copy: Path, tmp_path: Path) -> World:
+    store = tmp_path / "store"
+    shutil.copytree(prepared.store, store)
+    return World(prepared, shop_copy, store, tmp_path)
+
+
+def check_run(w: World, s: Scenario, r: CliResult, label: str) -> None:
+    code = w.base.first_code if s.code is None else s.code
+    assert r.code == code, f"{label}: expected exit {code}, got {r.code}; " \
+                           f"stderr: {r.stderr[-3000:]}"
+    out = r.json
+    got = units_of(out)
+    expected_keys = {(c, m) for c in s.cases for m in METRICS}
+    assert set(got) == expected_keys, f"{label}: expected units {sorted(expected_keys)}, " \
+                                      f"got {sorted(got)}"
+    scored = s.scored(w)
+    want = {k: k not in scored for k in expected_keys}
+    have = {k: u["reused"] for k, u in got.items()}
+    wrong = {k: f"reused={have[k]} (expected {'reused' if want[k] else 'scored again'}, "
+                f"why={got[k]['why']!r})" for k in expected_keys if have[k] != want[k]}
+    assert not wrong, f"{label}: expected only {sorted(scored)} scored again, " \
+                      f"all else reused; wrong: {wrong}"
+    assert out["scored_units"] == len(scored), \
+        f"{label}: expected scored_units == {len(scored)}, got {out['scored_units']}"
+    assert out["reused_units"] == len(expected_keys) - len(scored), \
+        f"{label}: expected reused_units == {len(expected_keys) - len(scored)}, " \
+        f"got {out['reused_units']}"
+    for k in scored:
+        metric = k[1]
+        if metric in s.why:
+            assert got[k]["why"] == s.why[metric], \
+                f"{label}: expected why {s.why[metric]!r} for {k}, got {got[k]['why']!r}"
+    # what the store says: a unit scored again was written by this run; a reused one by
+    # the earlier run it names, and it is complete
+    oid, record = stored_record(w.store, out["run_id"])
+    assert oid == out["record_id"], f"{label}: expected the store's record of the run"
+    for ref in record.units:
+        k = (ref.eval_id, ref.metric_name)
+        unit = stored_unit(w.store, ref.unit_oid)
+        if want[k]:
+            assert ref.reused and ref.reused_from_run and ref.reused_from_run != out["run_id"], \
+                f"{label}: expected {k} reused from an earlier run, got {ref}"
+            assert unit.run_id == ref.reused_from_run and unit.complete, \
+                f"{label}: expected {k}'s unit written by run {ref.reused_from_run} and " \
+                f"complete, got run {unit.run_id}, complete={unit.complete}"
+        else:
+            assert not ref.reused and unit.run_id == out["run_id"], \
+                f"{label}: expected {k} scored by this run {out['run_id']}, but its unit was " \
+                f"written by run {unit.run_id} (reused={ref.reused})"
+
+
+def check_verify(w: World, s: Scenario) -> None:
+    """``evalsnap verify`` after the scenario.
+
+    Clean scenarios: exit 0. Damage scenarios: the damaged and deleted objects stay as the
+    test left them (a unit scored again, or an inference run again, is a new object: its run
+    id and timestamps differ), and the prepared runs' manifests still name them, so verify
+    does report them (exit 1) — that is correct, since those runs really can no longer be
+    reproduced. What must hold is that these are the *only* findings, every finding is about
+    one of those objects, any manifest finding is about a run from before the damage, and no
+    manifest written after the damage names them (checked in the scenario's extra check).
+    """
+    r = run_cli("verify", "--store", str(w.store), "--json")
+    report = r.json
+    if not s.damage:
+        assert r.code == 0 and report["ok"], \
+            f"expected verify to exit 0 with nothing wrong, got {r.code}: {report['problems']}"
+        return
+    assert w.runs_before_damage is not None
+    problems = report["problems"]
+    assert r.code == 1 and problems, \
+        f"expected verify to report the deliberately damaged objects (exit 1), got {r.code}"
+    stray = [p for p in problems if p["oid"] not in w.damaged]
+    assert not stray, f"expected findings only about the damaged objects " \
+                      f"{sorted(w.damaged)}, also got: {stray}"
+    assert {p["oid"] for p in problems} == set(w.damaged), \
+        f"expected verify to name every damaged or deleted object {sorted(w.damaged)}, " \
+        f"got {sorted({p['oid'] for p in problems})}"
+    late = [p for p in problems if p["kind"] == "manifest"
+            and p["run_id"] not in w.runs_before_damage]
+    assert not late, f"expected no manifest written after the damage to name a damaged " \
+                     f"object, got: {late}"
+    _assert_new_manifests_name_no_damaged_object(w)
+
+
+@pytest.mark.parametrize("s", SCENARIOS, ids=[s.name for s in SCENARIOS])
+def test_reuse_rule(world: World, s: Scenario) -> None:
+    w = world
+    s.setup(w)
+    pre = []
+    for flags in s.pre_runs:
+        r = run_cli(*run_args(w.agent, w.store, *flags, cases=s.cases),
+                    env={**w.env, **s.pre_env})
+        code = w.base.first_code if s.pre_code is None else s.pre_code
+        assert r.code == code, f"preparatory run {flags}: expected exit {code}, got {r.code}; " \
+                               f"stderr: {r.stderr[-3000:]}"
+        pre.append(r)
+    w.notes["pre"] = pre
+    runs = []
+    for i in range(s.checked):
+        r = run_cli(*run_args(w.agent, w.store, *s.flags, cases=s.cases), env=w.env)
+        runs.append(r)
+        s.guard(w, r)
+        check_run(w, s, r, f"{s.name}: checked run {i + 1} of {s.checked} ({' '.join(s.flags)})")
+    s.extra(w, runs)
+    check_verify(w, s)

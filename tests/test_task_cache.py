@@ -1,0 +1,135 @@
+"""Prefect's task cache is inert: it can neither import nor run anything a store holds,
+and it hands out only what the reuse authority would (``tasks.results``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from prefect.serializers import JSONSerializer, PickleSerializer
+
+from evalsnap.pipeline import reuse
+from evalsnap.records import repo
+from tasks.results import IdsSerializer, StoreResults
+
+MARKER_ENV = "EVALSNAP_TEST_PWNED"
+
+
+class Evil:
+    def __reduce__(self):  # runs on unpickling
+        return (os.system, (f"touch {os.environ[MARKER_ENV]}",))
+
+
+def _record(serializer: dict, result: str) -> bytes:
+    return json.dumps({"metadata": {"storage_key": "k", "expiration": None,
+                                    "serializer": serializer, "prefect_version": "3.9.1",
+                                    "storage_block_id": None},
+                       "result": result}).encode()
+
+
+def _unit(fp: str, complete: bool = True) -> dict:
+    return {"eval_id": "c", "repetition": 0, "metric_name": "m", "unit_oid": "sha256:" + "0" * 64,
+            "unit_fingerprint": fp, "case_fingerprint": "sha256:c", "rule_fingerprint": "sha256:r",
+            "complete": complete, "status": "PASSED", "run_id": "r", "why": "new"}
+
+
+@pytest.fixture
+def results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> StoreResults:
+    monkeypatch.setenv(MARKER_ENV, str(tmp_path / "pwned"))
+    return StoreResults(store_url=str(tmp_path / "store"))
+
+
+def _plant(results: StoreResults, key: str, data: bytes) -> None:
+    repo.open_store(results.store_url).put_task_result(key, data)
+
+
+def test_a_planted_pickle_is_refused_without_being_unpickled(results, tmp_path) -> None:
+    key = reuse.score_key("m", ["sha256:u"])
+    blob = PickleSerializer().dumps(Evil()).decode()
+    _plant(results, key, _record({"type": "pickle", "picklelib": "cloudpickle"}, blob))
+    with pytest.raises(FileNotFoundError):
+        results.read_path(key)
+    assert not (tmp_path / "pwned").exists()
+    # and Prefect's own lookup through this storage reads it as absent
+    from prefect.results import ResultStore
+
+    assert ResultStore(result_storage=results, serializer=IdsSerializer()).exists(key) is False
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_planted_json_class_is_refused_without_being_imported(results, tmp_path) -> None:
+    key = reuse.inference_key(["sha256:f"])
+    payload = json.dumps({"__class__": "os.system", "data": f"touch {tmp_path / 'pwned'}"})
+    _plant(results, key, _record(JSONSerializer().model_dump(), payload))
+    with pytest.raises(FileNotFoundError):
+        results.read_path(key)
+    # a record naming our serializer with a __class__ payload is data, and not an outcome
+    _plant(results, key, _record({"type": "evalsnap-ids"}, payload))
+    with pytest.raises(FileNotFoundError):
+        results.read_path(key)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_well_formed_entry_the_indexes_do_not_back_is_absent(results) -> None:
+    units = [_unit("sha256:u1"), _unit("sha256:u2")]
+    key = reuse.score_key("m", ["sha256:u1", "sha256:u2"])
+    assert reuse.cacheable(key, units)
+    _plant(results, key, _record({"type": "evalsnap-ids"}, json.dumps(units)))
+    with pytest.raises(FileNotFoundError):  # no unit index entry names these units
+        results.read_path(key)
+
+
+@pytest.mark.parametrize("value, why", [
+    ([_unit("sha256:u1", complete=False)], "an incomplete unit"),
+    ([_unit("sha256:other")], "units that are not the key's"),
+    ([], "nothing at all"),
+    ([{"__class__": "os.system"}], "not an outcome"),
+])
+def test_only_complete_results_under_their_own_key_are_cacheable(value, why) -> None:
+    key = reuse.score_key("m", ["sha256:u1"])
+    assert not reuse.cacheable(key, value), why
+
+
+def test_write_path_keeps_nothing_that_is_not_cacheable(results) -> None:
+    key = reuse.score_key("m", ["sha256:u1"])
+    content = _record({"type": "evalsnap-ids"}, json.dumps([_unit("sha256:u1", complete=False)]))
+    results.write_path(key, content)
+    assert repo.open_store(results.store_url).get_task_result(key) is None
+    good = _record({"type": "evalsnap-ids"}, json.dumps([_unit("sha256:u1")]))
+    results.write_path(key, good)
+    assert repo.open_store(results.store_url).get_task_result(key) == good
+
+
+def test_the_serializer_writes_and_reads_plain_data_only() -> None:
+    s = IdsSerializer()
+    assert s.loads(s.dumps([{"a": 1, "b": [None, "x"]}])) == [{"a": 1, "b": [None, "x"]}]
+    with pytest.raises(ValueError):
+        s.dumps(Evil())
+    with pytest.raises(ValueError):
+        s.loads(b"[NaN]")
+    with pytest.raises(ValueError):
+        s.loads(b"[" * 40 + b"]" * 40)
+
+
+def test_no_key_with_force_or_for_an_untrusted_metric_and_no_read_without_reuse() -> None:
+    from types import SimpleNamespace as NS
+
+    def request(**kw):
+        return NS(**{**dict(reuse=True, force=False, trusted=True, metric_name="m",
+                            units_digest="d"), **kw})
+
+    def score(**kw):
+        return reuse.score_cache_key(None, {"request": request(**kw)})
+
+    assert score() is not None and score(reuse=False) == score()
+    assert score(force=True) is None
+    assert score(trusted=False) is None
+    assert reuse.refresh_cache(request()) is False  # --reuse: a hit may be used
+    assert reuse.refresh_cache(request(reuse=False)) is True  # written for later, never read
+    assert reuse.refresh_cache(request(force=True)) is True
+    batch = NS(reuse=False, items=[NS(fingerprint="sha256:f")])
+    assert reuse.inference_cache_key(None, {"request": batch}) == reuse.inference_key(
+        ["sha256:f"])
+    assert reuse.refresh_cache(batch) is True
