@@ -37,6 +37,12 @@ class Settings(BaseSettings):
     infer_batch: int | None = Field(
         None, ge=1, description="Cases per inference task (default: about one batch per worker, "
                                 "at most 50)")
+    score_processes: int | None = Field(
+        None, ge=0, description="Scoring processes beside the flow's (Prefect's "
+                                "ProcessPoolTaskRunner) for a run that scores; default: 1 on two "
+                                "or more cores, else 0")
+    score_pool_min_units: int = Field(
+        200, ge=0, description="Units a run must score before it starts a scoring process")
     agent_concurrency: int = Field(
         64, ge=1, description="Agent model calls in flight per process")
     judge_concurrency: int = Field(
@@ -66,7 +72,7 @@ class Settings(BaseSettings):
         return value
 
     @field_validator("task_runner", "dask_address", "infer_batch", "cpu_slots", "dask_workers",
-                     "retries", mode="before")
+                     "retries", "score_processes", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value
@@ -74,6 +80,12 @@ class Settings(BaseSettings):
     @property
     def task_retries(self) -> int:
         return len(self.retry_delays) if self.retries is None else self.retries
+
+    @property
+    def scoring_process_count(self) -> int:
+        if self.score_processes is not None:
+            return self.score_processes
+        return 1 if (os.cpu_count() or 1) >= 2 else 0
 
     @property
     def cpu_slot_count(self) -> int:

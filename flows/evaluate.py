@@ -12,7 +12,7 @@ from pydantic import Field
 from evalsnap.pipeline import runners
 from evalsnap.pipeline.plan import RunOptions, plan_run
 from evalsnap.reports.artifacts import RunProgress
-from tasks import freeze_task, publish_task, run_inference, run_scoring
+from tasks import freeze_task, publish_task, run_inference, run_scoring, scoring_pool
 from tasks.support import as_data, tag_flow_run, with_parameter_docs
 
 DEFAULT_STORE = ".evalsnap"
@@ -55,10 +55,11 @@ def evaluate(
     tag_flow_run("evalsnap", f"evalset:{plan.eval_set.eval_set_id}")
     progress = RunProgress(plan.units_total + len(plan.metric_names) + 1,
                            f"{plan.eval_set.eval_set_id}: inference, scoring, publish")
-    with runners.task_runner_scope(task_runner, dask_address):
+    with runners.task_runner_scope(task_runner, dask_address) as runner, \
+            scoring_pool(plan, run, runner) as pool:
         outcomes = run_inference(plan.inference_batches(run), progress)
         snapshot_oid = freeze_task(as_data(plan.freeze_request(outcomes)))
-        units = run_scoring(plan.score_requests(run, snapshot_oid), progress)
+        units = run_scoring(plan.score_requests(run, snapshot_oid), progress, pool)
         result = publish_task(as_data(plan.publish_request(run, snapshot_oid, outcomes, units)))
     progress.advance()  # published
     return result

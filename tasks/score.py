@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from prefect import task
 
+from evalsnap import settings
 from evalsnap.pipeline import reuse
 from evalsnap.pipeline.outcomes import UnitOutcome
+from evalsnap.pipeline.plan import Plan, RunOptions
 from evalsnap.pipeline.score import ScoreRequest, score_metric
+from evalsnap.records import repo
 from tasks.support import cached, wait_tracked
 
 
@@ -20,11 +25,68 @@ def score_task(request: ScoreRequest) -> list[dict[str, Any]]:
     return [o.model_dump(mode="json") for o in score_metric(request)]
 
 
-def run_scoring(requests: list[ScoreRequest], progress: Any = None) -> list[UnitOutcome]:
-    """Submits one task per metric, waits, and returns every unit outcome."""
+def run_scoring(requests: list[ScoreRequest], progress: Any = None,
+                pool: Any = None) -> list[UnitOutcome]:
+    """Submits one task per metric, waits, and returns every unit outcome (in metric order).
+
+    With a ``pool`` (:func:`scoring_pool`), the code metrics and every second judge metric
+    score there, on another core, and the other judge metrics in the flow's task runner: a
+    code metric keeps an interpreter busy, a judge metric mostly waits on its model.
+    """
     if not requests:
         return []
     run = cached(score_task, requests[0])
-    futures = [run.submit(r) for r in requests]
+    judges = [r for r in requests if r.judge]
+    here = {r.metric_name for r in (judges or requests)[::2]} if pool is not None else None
+    futures = [run.submit(r) if here is None or r.metric_name in here
+               else pool.submit(run, {"request": r}) for r in requests]
     wait_tracked(futures, progress)
     return [UnitOutcome.model_validate(u) for f in futures for u in f.result()]
+
+
+@task(name="prepare scoring process", persist_result=False)
+def prepare_scoring_task() -> None:
+    """Starts the pool's process now, so that its imports overlap the run's inference."""
+
+
+def _warm(store_url: str, storage_options: dict[str, str], sys_paths: list[str],
+          metric_names: list[str]) -> None:
+    """Initializer of a scoring process: what its tasks would import first."""
+    from evalsnap import startup
+    from evalsnap.pipeline.score import ensure_paths
+    from evalsnap.records import repo
+
+    startup.apply_defaults()
+    startup.exit_without_teardown()
+    repo.configure_store(store_url, storage_options)
+    ensure_paths(sys_paths)
+    import evalsnap.adk.config  # noqa: F401  (ADK's evaluators and their registry)
+
+    thread = startup.preload(metric_names)
+    if thread is not None:
+        thread.join()
+
+
+@contextmanager
+def scoring_pool(plan: Plan, run: RunOptions, runner: str) -> Iterator[Any]:
+    """Prefect's ``ProcessPoolTaskRunner`` for half of a run's metrics, or None.
+
+    Only where it pays: the default thread runner (one interpreter, bound by its lock),
+    two or more cores (``EVALSNAP_SCORE_PROCESSES``), a run that scores its units itself
+    (no ``--reuse``, or ``--force``) and at least ``EVALSNAP_SCORE_POOL_MIN_UNITS`` of them.
+    Started at once, with a warm-up task: its process imports during the inference.
+    """
+    s = settings.get()
+    units = plan.units_total * len(plan.metric_names)
+    if (runner != "threads" or s.scoring_process_count < 1 or len(plan.metric_names) < 2
+            or (run.reuse and not run.force) or units < s.score_pool_min_units):
+        yield None
+        return
+    from prefect.task_runners import ProcessPoolTaskRunner
+
+    with ProcessPoolTaskRunner(
+            max_workers=s.scoring_process_count, initializer=_warm,
+            initargs=(plan.store_url, repo.storage_options_of(plan.store_url), plan.sys_paths,
+                      plan.metric_names)) as pool:
+        pool.submit(prepare_scoring_task, {})
+        yield pool

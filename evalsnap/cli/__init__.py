@@ -175,6 +175,20 @@ def _run_flow(flow_fn: Any, preload: list[str], storage_option: list[str] | None
             return flow_fn(**params)
 
 
+def _flow_command(flow_fn: Any, storage_option: list[str] | None, as_json: bool,
+                  **params: Any) -> None:
+    """Runs a flow command: the flow, its summary printed, the exit code of its gate."""
+    with _handled():
+        # With --reuse (and no --force) most units usually come from earlier runs, and
+        # preloading only competes with the run for the interpreter.
+        preload = (_metrics_in(params["config"], params["evalset"])
+                   if params["force"] or not params["reuse"] else [])
+        result = _run_flow(flow_fn, preload, storage_option, not as_json and err.is_terminal,
+                           **params)
+    _emit(result, as_json)
+    raise typer.Exit(result["exit_code"])
+
+
 @app.command()
 def run(
     agent_dir: Annotated[str, typer.Argument(help="ADK agent package directory")],
@@ -192,19 +206,12 @@ def run(
     as_json: JsonOpt = False,
 ) -> None:
     """Run the agent on every case, freeze, score, publish."""
-    with _handled():
-        from flows.evaluate import evaluate
+    from flows.evaluate import evaluate
 
-        # With --reuse (and no --force) most units usually come from earlier runs, and
-        # preloading only competes with the run for the interpreter.
-        preload = _metrics_in(config, evalset) if force or not reuse else []
-        result = _run_flow(evaluate, preload, storage_option,
-                           not as_json and err.is_terminal, agent_dir=agent_dir,
-                           evalset=evalset, config=config, store=store, reuse=reuse,
-                           force=force, metrics=metric, cases=case, repetitions=repetitions,
-                           task_runner=task_runner, dask_address=dask_address)
-    _emit(result, as_json)
-    raise typer.Exit(result["exit_code"])
+    _flow_command(evaluate, storage_option, as_json, agent_dir=agent_dir, evalset=evalset,
+                  config=config, store=store, reuse=reuse, force=force, metrics=metric,
+                  cases=case, repetitions=repetitions, task_runner=task_runner,
+                  dask_address=dask_address)
 
 
 @app.command()
@@ -224,21 +231,16 @@ def rescore(
     as_json: JsonOpt = False,
 ) -> None:
     """Score frozen inference again with new references or rules; never calls the agent."""
-    with _handled():
-        from flows.rescore import rescore as rescore_flow
+    from flows.rescore import rescore as rescore_flow
 
-        paths = list(code_path or [])
-        if evalset and not paths:
-            # custom metrics usually live in the agent package beside the eval set
-            paths = [os.path.dirname(os.path.dirname(os.path.abspath(evalset)))]
-        preload = _metrics_in(config, evalset) if force or not reuse else []
-        result = _run_flow(rescore_flow, preload, storage_option,
-                           not as_json and err.is_terminal, run_or_snapshot=run_or_snapshot,
-                           evalset=evalset, config=config, store=store, reuse=reuse,
-                           force=force, metrics=metric, cases=case, code_paths=paths,
-                           task_runner=task_runner, dask_address=dask_address)
-    _emit(result, as_json)
-    raise typer.Exit(result["exit_code"])
+    paths = list(code_path or [])
+    if evalset and not paths:
+        # custom metrics usually live in the agent package beside the eval set
+        paths = [os.path.dirname(os.path.dirname(os.path.abspath(evalset)))]
+    _flow_command(rescore_flow, storage_option, as_json, run_or_snapshot=run_or_snapshot,
+                  evalset=evalset, config=config, store=store, reuse=reuse, force=force,
+                  metrics=metric, cases=case, code_paths=paths, task_runner=task_runner,
+                  dask_address=dask_address)
 
 
 @app.command()

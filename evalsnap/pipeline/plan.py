@@ -99,7 +99,7 @@ class Plan:
             units_digest=reuse.units_digest([unit_fingerprint(c.case_fingerprint,
                                                               rule.rule_fingerprint)
                                              for c in snapshot.cases]),
-            trusted=rule.evaluator.trusted, config_json=self.config_json,
+            trusted=rule.evaluator.trusted, judge=rule.judge, config_json=self.config_json,
             config_where=self.config.where, sys_paths=self.sys_paths, run_id=run.run_id,
             reuse=run.reuse, force=run.force, concurrency=run.concurrency)
             for rule in snapshot.rules]

@@ -37,6 +37,9 @@ class ScoreRequest(BaseModel):
     """Digest of the unit keys in order (:func:`evalsnap.pipeline.reuse.units_digest`)."""
     trusted: bool
     """Whether the metric's evaluator is trusted for reuse (from the snapshot's rule)."""
+    judge: bool = False
+    """Whether the metric asks a judge model (it then waits on the model more than it
+    computes)."""
     config_json: str
     config_where: str
     sys_paths: list[str]

@@ -1,0 +1,66 @@
+"""Scoring on a second core through Prefect's ``ProcessPoolTaskRunner`` (``tasks.score``):
+the same units as in one process, the pool's process really used, and nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+
+from tests.conftest import run_cli
+
+
+def _scores(result: dict) -> dict[tuple[str, str], tuple]:
+    return {(c["eval_id"], name): (m["score"], m["status"], m["complete"])
+            for c in result["cases"] for name, m in c["metrics"].items()}
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def _task_run_names(run_id_store: str) -> list[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with get_client(sync_client=True) as client:
+        runs = [fr for fr in client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=100)
+                if fr.parameters.get("store") == run_id_store]
+        assert runs, f"no flow run for store {run_id_store}"
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(
+            id=FlowRunFilterId(any_=[runs[0].id])))
+    return [t.name for t in tasks]
+
+
+def test_a_scoring_process_gives_the_units_of_one_process(shop_copy: Path, tmp_path: Path):
+    evalset = str(shop_copy / "shop.evalset.json")
+    one = run_cli("run", str(shop_copy), evalset, "--store", str(tmp_path / "one"), "--json",
+                  env={"EVALSNAP_SCORE_PROCESSES": "0"})
+    marker = uuid.uuid4().hex
+    pooled_store = str(tmp_path / "pooled")
+    pooled = run_cli("run", str(shop_copy), evalset, "--store", pooled_store, "--json",
+                     env={"EVALSNAP_SCORE_PROCESSES": "1", "EVALSNAP_SCORE_POOL_MIN_UNITS": "0",
+                          "EVALSNAP_TEST_MARK": marker})
+    assert pooled.code == one.code == 3, pooled.stderr[-3000:]  # the demo's designed outcome
+    assert _scores(pooled.json) == _scores(one.json)
+    same = ("agent_calls", "judge_calls", "scored_units", "complete", "passed")
+    assert {k: pooled.json[k] for k in same} == {k: one.json[k] for k in same}
+    names = _task_run_names(os.path.abspath(pooled_store))
+    assert "prepare scoring process" in " ".join(names), names  # the pool was started
+    assert len([n for n in names if n.startswith("score ")]) == len(one.json["cases"][0]["metrics"])
+    deadline = time.monotonic() + 20
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_with(marker) == [], "the scoring process outlived the CLI"
+    verify = run_cli("verify", "--store", pooled_store)
+    assert verify.code == 0, verify.stdout + verify.stderr[-2000:]
