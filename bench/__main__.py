@@ -216,7 +216,7 @@ def render(sections: list[tuple[Section, list[dict[str, Any]]]],
              f"judge limit: {args.judge_concurrency} requests in flight "
              "(`EVALSNAP_JUDGE_CONCURRENCY`); everything else at its defaults. Peak RSS is the "
              "largest process of a run (for evalsnap: its CLI, its API server or its scoring "
-             "worker)."]
+             "process)."]
     for section, rows in sections:
         where = ("a running `prefect server` on 127.0.0.1 started by the runner"
                  if section.api == "server" else

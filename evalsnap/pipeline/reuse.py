@@ -75,21 +75,21 @@ def why_not_reused(rule: MetricRule, *, reuse: bool, force: bool) -> str | None:
     return None
 
 
-def find_unit(store: Store, ufp: str) -> tuple[str, ScoreUnit] | None | str:
-    """The indexed, verified, complete unit with key ``ufp``; else why there is none
-    (``"new"`` or ``"incomplete before"``)."""
+def find_unit(store: Store, ufp: str) -> tuple[str, ScoreUnit, dict[str, Any]] | str:
+    """The indexed, verified, complete unit with key ``ufp`` (id, unit, index entry); else
+    why there is none (``"new"`` or ``"incomplete before"``)."""
     entry = repo.unit_index_entry(store, ufp)
     oid = entry.get("unit_oid") if entry else None
-    if not isinstance(oid, str):
+    if not entry or not isinstance(oid, str):
         return "new"
-    if not entry or not entry.get("complete"):
+    if not entry.get("complete"):
         return "incomplete before"
     unit = repo.load_unit(store, oid)
     if unit is None:
         return "new"  # damaged or missing: absent
     if not unit.complete or unit.unit_fingerprint != ufp:
         return "incomplete before"
-    return oid, unit
+    return oid, unit, entry
 
 
 def reusable_unit(store: Store, rule: MetricRule, frozen: FrozenCase, *, reuse: bool,
@@ -100,10 +100,9 @@ def reusable_unit(store: Store, rule: MetricRule, frozen: FrozenCase, *, reuse: 
         return None, why
     ufp = unit_fingerprint(frozen.case_fingerprint, rule.rule_fingerprint)
     found = find_unit(store, ufp)
-    if isinstance(found, str) or found is None:
-        return None, found or "new"
-    oid, unit = found
-    entry = repo.unit_index_entry(store, ufp) or {}
+    if isinstance(found, str):
+        return None, found
+    oid, unit, entry = found
     return UnitOutcome(
         eval_id=frozen.eval_id, repetition=frozen.repetition, metric_name=rule.metric_name,
         unit_oid=oid, unit_fingerprint=ufp, case_fingerprint=frozen.case_fingerprint,
@@ -202,6 +201,6 @@ def cache_hit_usable(store: Store, key: str, value: Any) -> bool:
                 return False
         else:
             hit = find_unit(store, o.unit_fingerprint)
-            if isinstance(hit, str) or hit is None or hit[0] != o.unit_oid:
+            if isinstance(hit, str) or hit[0] != o.unit_oid:
                 return False
     return True

@@ -166,6 +166,8 @@ def unit_index_entry(store: Store, unit_fingerprint: str) -> dict[str, Any] | No
 
 
 def load_unit(store: Store, oid: str) -> ScoreUnit | None:
+    """The unit, read and verified now (reuse decides on what the store holds, not on an
+    earlier read), or None if it is damaged, missing or not a unit."""
     try:
         return get(store, ScoreUnit, oid)
     except EvalsnapError as exc:  # damaged, missing or not a unit: absent
