@@ -28,7 +28,7 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check evalsnap storage flows tasks tests
-	$(BIN)/mypy evalsnap storage
+	$(BIN)/mypy evalsnap storage tasks flows
 
 clean:
 	rm -rf .evalsnap examples/shop_agent/.adk

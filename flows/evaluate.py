@@ -53,7 +53,7 @@ def evaluate(
     plan = plan_run(agent_dir, evalset, config, store, metrics, cases, repetitions)
     run = RunOptions(kind="run", reuse=reuse, force=force, concurrency=concurrency)
     tag_flow_run("evalsnap", f"evalset:{plan.eval_set.eval_set_id}")
-    progress = RunProgress(plan.units_total + len(plan.metric_names) + 1,
+    progress = RunProgress(plan.inference_total + len(plan.metric_names) + 1,
                            f"{plan.eval_set.eval_set_id}: inference, scoring, publish")
     with runners.task_runner_scope(task_runner, dask_address) as runner, \
             scoring_pool(plan, run, runner) as pool:

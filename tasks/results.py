@@ -126,13 +126,15 @@ class StoreResults(WritableFileSystem):
             self._verdicts[memo] = ok
         return ok
 
-    def read_path(self, path: str, **_: Any) -> bytes:
+    # Sync on purpose: Prefect calls block methods sync (``_sync=True``) or awaits what they
+    # return only if it is awaitable (prefect._internal.compatibility.blocks).
+    def read_path(self, path: str, **_: Any) -> bytes:  # type: ignore[override]
         data = repo.open_store(self.store_url).get_task_result(path)
         if data is None or not self._usable(path, data):
             raise FileNotFoundError(path)  # Prefect: no cached result, the task runs
         return data
 
-    def write_path(self, path: str, content: bytes, **_: Any) -> str:
+    def write_path(self, path: str, content: bytes, **_: Any) -> str:  # type: ignore[override]
         try:
             value = _record_value(content)
         except ValueError as exc:

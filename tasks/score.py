@@ -77,7 +77,7 @@ def scoring_pool(plan: Plan, run: RunOptions, runner: str) -> Iterator[Any]:
     Started at once, with a warm-up task: its process imports during the inference.
     """
     s = settings.get()
-    units = plan.units_total * len(plan.metric_names)
+    units = plan.inference_total * len(plan.metric_names)
     if (runner != "threads" or s.scoring_process_count < 1 or len(plan.metric_names) < 2
             or (run.reuse and not run.force) or units < s.score_pool_min_units):
         yield None

@@ -79,7 +79,7 @@ def _results_block(store_url: str) -> Any:
 
     name = "evalsnap-results-" + hashlib.sha256(store_url.encode()).hexdigest()[:16]
     try:
-        block = StoreResults.load(name)
+        block = typing.cast(StoreResults, StoreResults.load(name))
         if block.store_url == store_url:
             return block
     except ValueError:  # not saved yet (a new store, or a new Prefect server)

@@ -58,7 +58,7 @@ class Plan:
         return [r for r in self.config.rules if r.metric_name in set(self.metric_names)]
 
     @property
-    def units_total(self) -> int:
+    def inference_total(self) -> int:
         """Inferences of an evaluate run (cases × repetitions)."""
         return len(self.case_ids) * self.repetitions
 

@@ -165,7 +165,7 @@ def _parse(key: str, value: Any) -> list[InferenceOutcome] | list[UnitOutcome] |
     if not key.startswith(("infer-", "score-")):
         return None
     try:
-        return [model.model_validate(v) for v in value]  # type: ignore[misc]
+        return [model.model_validate(v) for v in value]  # type: ignore[misc, return-value]
     except (ValidationError, TypeError, ValueError):
         return None
 
