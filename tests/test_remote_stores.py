@@ -242,12 +242,13 @@ def test_wrong_credentials_exit_2_naming_the_url(agent: Path, moto_with_auth: Se
     assert "wrong-secret-value" not in result.stderr + result.stdout
 
 
-def test_storage_options_reach_the_scoring_worker(agent: Path, moto: Server,
-                                                  s3_runs: dict[str, Any]) -> None:
-    """`--storage-option` values live in the CLI's process only; the worker that scores the
-    code metrics gets them by its pipe, or it could not open the bucket at all."""
+def test_storage_options_reach_the_scoring_process(agent: Path, moto: Server,
+                                                   s3_runs: dict[str, Any]) -> None:
+    """`--storage-option` values live in the CLI's process only; the scoring process (Prefect's
+    ProcessPoolTaskRunner) gets them from its initializer, or it could not open the bucket."""
     url = f"s3://{BUCKET}/opts-{uuid.uuid4().hex[:8]}"
-    env = _env(EVALSNAP_SCORE_WORKER="on")  # no AWS_ENDPOINT_URL: only the option says where
+    # no AWS_ENDPOINT_URL: only the option says where
+    env = _env(EVALSNAP_SCORE_PROCESSES="1", EVALSNAP_SCORE_POOL_MIN_UNITS="0")
     result = run_cli("run", str(agent), str(agent / "shop.evalset.json"), "--store", url,
                      "--storage-option", f"endpoint_url={moto.url}", "--json", env=env)
     assert result.code == 3, result.stderr[-3000:]  # the demo's designed failures, no more
@@ -256,5 +257,5 @@ def test_storage_options_reach_the_scoring_worker(agent: Path, moto: Server,
         return {(c["eval_id"], m): (u["status"], u["score"], u["complete"])
                 for c in summary["cases"] for m, u in c["metrics"].items()}
 
-    # the same units as the in-process scoring of the same cases (worker off below 200 units)
+    # the same units as the in-process scoring of the same cases (no pool below 200 units)
     assert units(result.json) == units(s3_runs["cold"].json)

@@ -138,8 +138,7 @@ def test_parity_with_adk_local_eval_service(demo):
         register_custom_metrics_from_config,
     )
 
-    import evalsnap.adk.config  # noqa: F401  (loads plugins: offline models)
-    from evalsnap.adk.plugins import load_entry_point_plugins
+    from evalsnap.adk.plugins import load_entry_point_plugins, load_module_plugins
 
     load_entry_point_plugins()
     shown = demo["shown"].json
@@ -151,6 +150,9 @@ def test_parity_with_adk_local_eval_service(demo):
     import sys
 
     sys.path.insert(0, str(demo["agent"].parent))
+    # as `adk eval` does, the agent package registers its models: here through the config's
+    # evalsnapPlugins (the demo's offline judge is not an installed entry point)
+    load_module_plugins(raw.get("evalsnapPlugins") or [])
     adk_names = {m.metric_name for m in DEFAULT_METRIC_EVALUATOR_REGISTRY.fork()
                  .get_registered_metrics()}
     # final_state_match is evalsnap's (it needs session state, which ADK 2.13 cannot pass).
