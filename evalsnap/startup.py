@@ -210,19 +210,24 @@ def exit_without_teardown() -> None:
     ``evalsnap.cli.main``).
     """
     import atexit
+    import logging
 
     def leave() -> None:
-        import logging
-
         logging.shutdown()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(0)
+        leave_now(0)
 
     atexit.register(leave)
+
+
+def leave_now(code: int) -> None:
+    """Flushes the standard streams and ends the process with ``code``, skipping teardown
+    (call it once every exit handler has run)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 # ---- children that die with their parent ----------------------------------------------------

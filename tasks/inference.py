@@ -68,6 +68,5 @@ def run_inference(batches: list[InferBatch], progress: Any = None) -> list[Infer
             message = str(future.state.message)
         except Exception as exc:  # noqa: BLE001 - the task's own error text is the reason
             message = str(exc)
-        outcomes += infer.record_failures(batch, batch.items, message,
-                                          attempts=(infer_task.retries or 0) + 1)
+        outcomes += infer.record_failures(batch, message, attempts=(infer_task.retries or 0) + 1)
     return outcomes

@@ -28,6 +28,7 @@ from prefect.filesystems import WritableFileSystem
 from prefect.serializers import Serializer
 from pydantic import Field
 
+from evalsnap.adk.evalset import strict_json
 from evalsnap.errors import EvalsnapError
 from evalsnap.pipeline import reuse
 from evalsnap.records import repo
@@ -52,15 +53,12 @@ def _plain(value: Any, depth: int = 0) -> bool:
     return False
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"non-standard JSON constant {name}")
-
-
 def loads_plain(data: bytes | str) -> Any:
-    """Parses JSON into plain data (no NaN/Infinity); ``ValueError`` otherwise."""
-    value = json.loads(data, parse_constant=_reject_constant)
+    """Parses JSON as the store's other readers do (``strict_json``: no NaN/Infinity, no
+    nesting bomb), and no deeper than ids need; ``ValueError`` otherwise."""
+    value = strict_json(data.decode("utf-8") if isinstance(data, bytes) else data)
     if not _plain(value):
-        raise ValueError("not plain JSON data")
+        raise ValueError("nested too deeply for a task result")
     return value
 
 

@@ -121,17 +121,16 @@ def _progress(enabled: bool) -> Iterator[None]:
 
 def _metrics_in(config: str | None, evalset: str | None) -> list[str]:
     """The metric names a config file lists, read cheaply (only to preload what they need;
-    the flow plans and validates the run)."""
-    from pathlib import Path
+    the flow plans and validates the run, and reports what is wrong with the file)."""
+    from evalsnap.adk.config import read_config_file
+    from evalsnap.pipeline.plan import default_config_path
 
-    path = Path(config) if config else Path(evalset).parent / "test_config.json" if evalset \
-        else None
+    path = config or (default_config_path(evalset) if evalset else None)
     try:
-        criteria = json.loads(path.read_text("utf-8")).get("criteria", {}) if path else {}
-    except (OSError, ValueError, AttributeError):
+        criteria = read_config_file(path)[0].get("criteria") if path else None
+    except errors.EvalsnapError:
         return []
-    return [name for name in criteria if isinstance(name, str)] if isinstance(criteria, dict) \
-        else []
+    return [str(name) for name in criteria] if isinstance(criteria, dict) else []
 
 
 class _TypedErrorsPrintedOnce(logging.Filter):
@@ -292,10 +291,5 @@ def main() -> None:
     if shutdown is not None:
         shutdown()
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code if isinstance(code, int) else 0)
+    startup.leave_now(code if isinstance(code, int) else 0)
 

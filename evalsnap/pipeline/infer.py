@@ -62,16 +62,15 @@ def agent_at(agent_dir: str) -> LoadedAgent:
 
 async def _one(batch: InferBatch, item: InferItem, attempt: int) -> InferenceOutcome:
     store = repo.open_store(batch.store_url)
-    # A retry (attempt > 1) finds what an earlier attempt of this run stored, as any reuse.
-    if batch.reuse or attempt > 1:
-        found = reuse.find_inference(store, item.fingerprint)
-        if found is not None and (batch.reuse or found[1].run_id == batch.run_id):
-            oid, record = found
-            return InferenceOutcome(eval_id=item.eval_id, repetition=item.repetition, oid=oid,
-                                    fingerprint=item.fingerprint, status="success",
-                                    run_id=record.run_id,
-                                    model_calls=record.model_calls
-                                    if record.run_id == batch.run_id else 0)
+    found = reuse.inference_to_use(store, item.fingerprint, reuse=batch.reuse,
+                                   run_id=batch.run_id, attempt=attempt)
+    if found is not None:
+        oid, record = found
+        return InferenceOutcome(eval_id=item.eval_id, repetition=item.repetition, oid=oid,
+                                fingerprint=item.fingerprint, status="success",
+                                run_id=record.run_id,
+                                model_calls=record.model_calls
+                                if record.run_id == batch.run_id else 0)
     case = EvalCase.model_validate_json(item.case_json)
     async with limits.model_slot("agent"):
         record = await run_inference(agent_at(batch.agent_dir), case,
@@ -108,13 +107,12 @@ def infer_batch(batch: InferBatch, attempt: int = 1) -> list[InferenceOutcome]:
     return outcomes
 
 
-def record_failures(batch: InferBatch, items: list[InferItem], error: str,
-                    attempts: int) -> list[InferenceOutcome]:
-    """Failed inferences for ``items`` of a batch whose task failed as a whole."""
+def record_failures(batch: InferBatch, error: str, attempts: int) -> list[InferenceOutcome]:
+    """Failed inferences for every item of a batch whose task failed as a whole."""
     store = repo.open_store(batch.store_url)
     agent = agent_at(batch.agent_dir)
     out = []
-    for item in items:
+    for item in batch.items:
         record = InferenceRecord(
             inference_fingerprint=item.fingerprint, eval_set_id=batch.eval_set_id,
             eval_id=item.eval_id, repetition=item.repetition, app_name=agent.name,

@@ -62,6 +62,18 @@ def find_inference(store: Store, fingerprint: str) -> tuple[str, InferenceRecord
     return (oid, record) if record is not None else None  # type: ignore[return-value]
 
 
+def inference_to_use(store: Store, fingerprint: str, *, reuse: bool, run_id: str,
+                     attempt: int) -> tuple[str, InferenceRecord] | None:
+    """The stored inference to use instead of running the agent: with ``reuse`` any usable
+    one; on a retry (``attempt`` > 1) without reuse, only one this run made itself."""
+    if not reuse and attempt <= 1:
+        return None
+    found = find_inference(store, fingerprint)
+    if found is None or (not reuse and found[1].run_id != run_id):
+        return None
+    return found
+
+
 # ---- score units ----------------------------------------------------------------------------
 
 def why_not_reused(rule: MetricRule, *, reuse: bool, force: bool) -> str | None:
@@ -129,7 +141,11 @@ def inference_key(fingerprints: list[str]) -> str:
 
 
 def score_key(metric_name: str, unit_fingerprints: list[str]) -> str:
-    return f"score-{_digest([metric_name, _digest(unit_fingerprints)])}"
+    return _score_key(metric_name, units_digest(unit_fingerprints))
+
+
+def _score_key(metric_name: str, digest: str) -> str:
+    return f"score-{_digest([metric_name, digest])}"
 
 
 def units_digest(unit_fingerprints: list[str]) -> str:
@@ -148,7 +164,7 @@ def score_cache_key(context: Any, parameters: dict[str, Any]) -> str | None:
     req = parameters["request"]
     if req.force or not req.trusted:
         return None
-    return f"score-{_digest([req.metric_name, req.units_digest])}"
+    return _score_key(req.metric_name, req.units_digest)
 
 
 def refresh_cache(request: Any) -> bool:
