@@ -13,4 +13,14 @@ startup.install()
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["RunResult", "__version__", "evaluate", "rescore"]
+
+
+def __getattr__(name: str) -> object:
+    """``evalsnap.evaluate``, ``evalsnap.rescore`` and ``evalsnap.RunResult`` (the Python API,
+    :mod:`evalsnap.api`), imported on first use so that ``import evalsnap`` stays light."""
+    if name in ("evaluate", "rescore", "RunResult"):
+        from evalsnap import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'evalsnap' has no attribute {name!r}")

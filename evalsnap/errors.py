@@ -13,7 +13,7 @@ one; ``storage.errors`` names are also importable from ``storage``)::
     ├── EvalSetError                                   2    an eval set that is not valid ADK JSON, duplicate ids…
     ├── ConfigError                                    2    test_config.json problems, unknown metric, bad criterion
     │   └── MetricImportError                          2    a custom metric or plugin that cannot be imported
-    ├── AgentLoadError                                 2    an agent dir without ``root_agent``
+    ├── AgentLoadError                                 2    no agent (app, root_agent, get_agent_async) or --agent-name
     ├── NotFoundError                                  2    an unknown run, snapshot or record id
     ├── UnsupportedSchemaVersion                       2    a record of a newer evalsnap (.kind .found .supported)
     ├── CorruptRecordError                             2    stored bytes hash right but are not the record expected
@@ -89,7 +89,8 @@ class MetricImportError(ConfigError):
 
 
 class AgentLoadError(EvalsnapError):
-    """The agent directory does not expose an ADK agent."""
+    """The agent directory does not expose an ADK agent (``app``, ``root_agent`` or
+    ``get_agent_async``), its import fails, or ``--agent-name`` names no agent of its tree."""
 
 
 class NotFoundError(EvalsnapError):

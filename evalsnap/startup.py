@@ -245,6 +245,22 @@ runpy.run_module(sys.argv.pop(1), run_name="__main__", alter_sys=True)
 """
 
 
+def die_with_parent(parent_pid: int) -> None:
+    """Makes this process (a child evalsnap started, e.g. a scoring process of Prefect's
+    process pool) end when ``parent_pid`` does, however it ends: killed, ``os._exit``, a crash.
+    Linux only (``PR_SET_PDEATHSIG``); elsewhere the pool's own shutdown is all there is."""
+    if sys.platform == "linux":
+        import ctypes
+        import signal
+
+        try:
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # nothing here is worth a clean exit
+        except (OSError, AttributeError):
+            return
+    if os.getppid() != parent_pid:
+        os._exit(0)  # the parent died before the signal was armed
+
+
 def module_command(module: str, *args: str) -> list[str]:
     """The argv for ``python -m module *args`` in a child that dies with this process."""
     return [sys.executable, "-c", _LAUNCHER, str(os.getpid()), module, *args]

@@ -10,8 +10,9 @@ from prefect.runtime import flow_run
 from pydantic import Field
 
 from evalsnap.pipeline import runners
-from evalsnap.pipeline.plan import RunOptions, plan_run
+from evalsnap.pipeline.plan import Plan, RunOptions, plan_runs
 from evalsnap.reports.artifacts import RunProgress
+from evalsnap.reports.suite import combined
 from tasks import freeze_task, publish_task, run_inference, run_scoring, scoring_pool
 from tasks.support import as_data, tag_flow_run, with_parameter_docs
 
@@ -20,16 +21,23 @@ DEFAULT_STORE = ".evalsnap"
 
 def _run_name() -> str:
     params = flow_run.parameters or {}
-    evalset = str(params.get("evalset", "eval")).rsplit("/", 1)[-1].removesuffix(".evalset.json")
-    return f"{evalset}-{dt.datetime.now(dt.UTC):%Y-%m-%d-%H%M}"
+    given = params.get("evalset", "eval")
+    first = str(given[0] if isinstance(given, list) and given else given)
+    evalset = first.split(":")[0].rstrip("/").rsplit("/", 1)[-1].removesuffix(".evalset.json")
+    more = f"+{len(given) - 1}" if isinstance(given, list) and len(given) > 1 else ""
+    return f"{evalset}{more}-{dt.datetime.now(dt.UTC):%Y-%m-%d-%H%M}"
 
 
 @flow(name="evalsnap-evaluate", flow_run_name=_run_name, log_prints=False,
       validate_parameters=True, task_runner=runners.thread_runner())
 @with_parameter_docs
 def evaluate(
-    agent_dir: Annotated[str, Field(description="ADK agent package directory (exposes root_agent)")],
-    evalset: Annotated[str, Field(description="Path of the .evalset.json file")],
+    agent_dir: Annotated[str, Field(description=(
+        "ADK agent package directory (exposes root_agent, app or get_agent_async)"))],
+    evalset: Annotated[str | list[str], Field(description=(
+        "Eval set(s), as adk eval names them: an .evalset.json file, FILE:ID,ID, an eval "
+        "set id of the agent, or a directory of *.test.json files (each scored with the "
+        "test_config.json of its folder)"))],
     config: Annotated[str | None, Field(description="test_config.json; default: beside the eval set")] = None,
     store: Annotated[str, Field(description="Store URL: a local path, s3://…, gs://…")] = DEFAULT_STORE,
     reuse: Annotated[bool, Field(description="Reuse complete, compatible earlier work")] = False,
@@ -48,15 +56,30 @@ def evaluate(
     dask_address: Annotated[str | None, Field(
         description="Existing Dask scheduler, e.g. tcp://10.0.0.5:8786 (implies dask). "
                     "Default: $EVALSNAP_DASK_ADDRESS")] = None,
+    agent_name: Annotated[str | None, Field(
+        description="Evaluate this sub-agent of the tree instead of the root agent")] = None,
+    initial_session_file: Annotated[str | None, Field(description=(
+        "Initial session state for old-format *.test.json files (AgentEvaluator's "
+        "initial_session_file)"))] = None,
 ) -> dict[str, Any]:
-    """Runs the agent on every case, freezes a snapshot, scores each metric, publishes."""
-    plan = plan_run(agent_dir, evalset, config, store, metrics, cases, repetitions)
-    run = RunOptions(kind="run", reuse=reuse, force=force, concurrency=concurrency)
-    tag_flow_run("evalsnap", f"evalset:{plan.eval_set.eval_set_id}")
+    """Runs the agent on every case, freezes a snapshot, scores each metric, publishes:
+    one record per eval set."""
+    plans = plan_runs(agent_dir, evalset, config, store, metrics, cases, repetitions,
+                      agent_name, initial_session_file)
+    tag_flow_run("evalsnap", *(f"evalset:{p.eval_set.eval_set_id}" for p in plans))
+    results = []
+    with runners.task_runner_scope(task_runner, dask_address) as runner:
+        for plan in plans:
+            run = RunOptions(kind="run", reuse=reuse, force=force, concurrency=concurrency)
+            results.append(_evaluate(plan, run, runner))
+    return combined(results)
+
+
+def _evaluate(plan: Plan, run: RunOptions, runner: str) -> dict[str, Any]:
+    """One eval set: inference → freeze → score → publish."""
     progress = RunProgress(plan.inference_total + len(plan.metric_names) + 1,
                            f"{plan.eval_set.eval_set_id}: inference, scoring, publish")
-    with runners.task_runner_scope(task_runner, dask_address) as runner, \
-            scoring_pool(plan, run, runner) as pool:
+    with scoring_pool(plan, run, runner) as pool:
         outcomes = run_inference(plan.inference_batches(run), progress)
         snapshot_oid = freeze_task(as_data(plan.freeze_request(outcomes)))
         units = run_scoring(plan.score_requests(run, snapshot_oid), progress, pool)

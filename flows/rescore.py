@@ -45,13 +45,18 @@ def rescore(
                     "threads")] = None,
     dask_address: Annotated[str | None, Field(
         description="Existing Dask scheduler, e.g. tcp://10.0.0.5:8786 (implies dask)")] = None,
+    agent: Annotated[str | None, Field(description=(
+        "The agent package, imported first in every process that scores (as for a run: "
+        "models or evaluators it registers are there); it is never called"))] = None,
+    agent_name: Annotated[str | None, Field(description="Sub-agent of --agent, if any")] = None,
 ) -> dict[str, Any]:
     """Never calls the agent: freezes the earlier inference with the given references and rules."""
     if code_paths is None and (evalset or config):
         # As the CLI does: custom metrics live in the agent package beside the eval set or
         # config, so its parent is the import root (a UI user sets no code paths).
         code_paths = [str(Path(evalset or config or ".").resolve().parent.parent)]
-    plan = plan_rescore(run_or_snapshot, store, evalset, config, metrics, cases, code_paths)
+    plan = plan_rescore(run_or_snapshot, store, evalset, config, metrics, cases, code_paths,
+                        agent, agent_name)
     run = RunOptions(kind="rescore", reuse=reuse, force=force, concurrency=concurrency)
     tag_flow_run("evalsnap", f"evalset:{plan.eval_set.eval_set_id}")
     progress = RunProgress(len(plan.metric_names) + 1,

@@ -2,13 +2,17 @@
 
 The only per-backend knowledge in the package lives here: which protocols are accepted,
 which defaults each backend gets so that failures are fast, and which exception types
-mean "the store cannot be used". It is also the only place where those exceptions
-(fsspec, botocore, aiohttp, gcsfs, google-auth, ``OSError``) become storage errors:
-:func:`open_backend` when the URL is opened, :meth:`Backend.failures` for every call after.
+mean "the store cannot be used", which storage options each accepts, and what to check
+when it fails (a local path: the path and its permissions; a bucket: credentials and
+endpoint). It is also the only place where those exceptions (fsspec, botocore, aiohttp,
+gcsfs, google-auth, ``OSError``) become storage errors: :func:`open_backend` when the URL is
+opened, :meth:`Backend.failures` for every call after.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import re
 import sys
@@ -28,7 +32,7 @@ from storage.errors import StorageError, StoreUnavailable
 # emulators and ordinary buckets do not need.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
-__all__ = ["Backend", "backend_errors", "open_backend", "redact"]
+__all__ = ["Backend", "accepted_options", "backend_errors", "open_backend", "redact"]
 
 # Accepted protocols and their canonical spelling.
 _PROTOCOLS = {
@@ -44,6 +48,53 @@ _HINT = "use a local path, file://PATH, s3://BUCKET/PREFIX, gs://BUCKET/PREFIX o
 _BOOL_WORDS = {"true": True, "false": False}
 _MiB = float(2**20)
 _USERINFO = re.compile(r"^([a-z0-9+.-]+://)[^/@]*@", re.IGNORECASE)
+#: Options every fsspec filesystem takes (its listings cache, its instance cache).
+_COMMON_OPTIONS = frozenset(
+    {"use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache"})
+_NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+_READ_ONLY_COMMANDS = "ls, show, explain, diff, replay and verify"
+
+
+@dataclass(frozen=True)
+class _Hints:
+    """What to check when a call fails, for one backend."""
+
+    timeout: str
+    refused: str
+    failed: str
+
+
+_HINTS = {
+    "file": _Hints(
+        timeout="check that the disk or network mount holding the path answers",
+        refused=(f"check the path and its permissions: {_READ_ONLY_COMMANDS} need to read "
+                 "it, run, rescore and import-adk-history also to write it (a read-only "
+                 "directory or mount serves the reading commands only)"),
+        failed="check that the path is right, is a directory, and that its disk has free space",
+    ),
+    "s3": _Hints(
+        timeout=("check that the endpoint is reachable (AWS_ENDPOINT_URL or --storage-option "
+                 "endpoint_url=..., network) and retry"),
+        refused=("check the credentials (AWS_* variables, AWS_PROFILE, storage options) and "
+                 "that their policy allows s3:ListBucket and s3:GetObject (every command) and "
+                 "s3:PutObject (run, rescore, import-adk-history)"),
+        failed="check the URL, the endpoint (AWS_ENDPOINT_URL) and the credentials, then retry",
+    ),
+    "gs": _Hints(
+        timeout=("check that the endpoint is reachable (STORAGE_EMULATOR_HOST or "
+                 "--storage-option endpoint_url=..., network) and retry"),
+        refused=("check the credentials (GOOGLE_APPLICATION_CREDENTIALS or gcloud ADC) and "
+                 "that their role allows storage.objects.list and storage.objects.get (every "
+                 "command) and storage.objects.create (run, rescore, import-adk-history)"),
+        failed=("check the URL, the endpoint (STORAGE_EMULATOR_HOST) and the credentials, "
+                "then retry"),
+    ),
+    "memory": _Hints(
+        timeout="retry",
+        refused="check what else in this process uses the memory:// store",
+        failed="check what else in this process uses the memory:// store",
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -112,22 +163,15 @@ class Backend:
             raise self.unavailable(what, exc, self.deadline() if deadline is None else deadline) from exc
 
     def unavailable(self, what: str, exc: BaseException, deadline: float) -> StoreUnavailable:
+        """The error for a failed call, with what to check for this backend."""
         detail = f"{type(exc).__name__}: {exc}"[:300]
+        hints = _HINTS[self.protocol]
         if isinstance(exc, TimeoutError):
-            reason = (
-                f"{what} got no answer within {deadline:.0f} s; check that the endpoint is "
-                "reachable (AWS_ENDPOINT_URL, STORAGE_EMULATOR_HOST, network) and retry"
-            )
+            reason = f"{what} got no answer within {deadline:.0f} s; {hints.timeout}"
         elif isinstance(exc, PermissionError):
-            reason = (
-                f"{what} was refused ({detail}); check the credentials (AWS_* variables, "
-                "GOOGLE_APPLICATION_CREDENTIALS or gcloud ADC) and their permissions"
-            )
+            reason = f"{what} was refused ({detail}); {hints.refused}"
         else:
-            reason = (
-                f"{what} failed ({detail}); check the URL, endpoint, credentials and free "
-                "space, then retry"
-            )
+            reason = f"{what} failed ({detail}); {hints.failed}"
         return StoreUnavailable(self.url, reason)
 
     def missing_bucket(self, what: str) -> StoreUnavailable:
@@ -163,6 +207,7 @@ def open_backend(
     options: dict[str, Any] = {**_defaults(protocol, storage_options or {})}
     options.update(_coerce(storage_options or {}))
     try:
+        _check_options(shown, protocol, storage_options or {})
         fs, root = fsspec.core.url_to_fs(f"{protocol}://{rest}", **options)
     except (ImportError, ValueError, TypeError, OSError) as exc:
         raise StoreUnavailable(
@@ -185,6 +230,36 @@ def _check_object_url(shown: str, rest: str) -> None:
         raise StoreUnavailable(shown, f"no bucket name; {_HINT}")
     if "?" in rest or "#" in rest:
         raise StoreUnavailable(shown, "query strings and fragments are not supported in store URLs")
+
+
+def _check_options(shown: str, protocol: str, options: Mapping[str, str]) -> None:
+    """Refuse a storage option the backend does not take (fsspec would ignore it, or fail
+    later with a TypeError): a misspelt option must not be silently dropped."""
+    accepted = accepted_options(protocol)
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise StoreUnavailable(
+            shown,
+            f"unknown storage option {unknown[0]!r}: the {protocol} backend "
+            f"({fsspec.get_filesystem_class(protocol).__name__}) takes "
+            f"{', '.join(sorted(accepted))}; fix or drop --storage-option {unknown[0]}=...",
+        )
+
+
+@functools.cache
+def accepted_options(protocol: str) -> frozenset[str]:
+    """The storage options the filesystem of ``protocol`` takes: the named parameters of its
+    constructors (and of s3fs's botocore session, which gets whatever s3fs does not name),
+    and fsspec's cache options."""
+    cls = fsspec.get_filesystem_class(protocol)
+    inits = [vars(klass)["__init__"] for klass in cls.__mro__ if "__init__" in vars(klass)]
+    if protocol == "s3":
+        from aiobotocore.session import AioSession  # s3fs's dependency: present with s3fs
+
+        inits.append(AioSession.__init__)
+    names = {param.name for init in inits for param in inspect.signature(init).parameters.values()
+             if param.kind in _NAMED and param.name != "self"}
+    return frozenset(names | _COMMON_OPTIONS)
 
 
 def _display_url(protocol: str, root: str) -> str:

@@ -1,6 +1,6 @@
 """Where things live inside a store (layout ``v1``), and how object files are checked.
 
-    v1/STORE                                 marker, written by ``Store.check()``
+    v1/STORE                                 marker: ``Store.check()`` writes it, ``check(write=False)`` reads it
     v1/objects/<kind>/<hex[:2]>/<hex[2:]>    write-once; <hex> = sha256 of the bytes
     v1/refs/<namespace>/.../<name>           mutable; replaced whole
     v1/prefect/                              Prefect result storage

@@ -16,6 +16,7 @@ __all__ = [
     "ID_PATTERN",
     "MAX_ID_LENGTH",
     "OBJECT_KINDS",
+    "OID_PATTERN",
     "oid_of",
     "validate_id",
     "validate_kind",
@@ -27,7 +28,8 @@ MAX_ID_LENGTH = 200
 #: Kinds of content-addressed objects; each is a folder under ``v1/objects/``.
 OBJECT_KINDS: tuple[str, ...] = ("inference", "snapshot", "unit", "judge", "record")
 
-_OID_PATTERN = re.compile(r"^sha256:[0-9a-f]{64}$")
+#: What an object id looks like: ``sha256:`` and 64 lowercase hex digits.
+OID_PATTERN = re.compile(r"^sha256:[0-9a-f]{64}$")
 _ID_RULE = (
     f"use 1-{MAX_ID_LENGTH} characters from A-Z a-z 0-9 . _ : -, starting with a letter or digit"
 )
@@ -59,7 +61,7 @@ def validate_kind(kind: object) -> str:
 
 def validate_oid(oid: object) -> str:
     """Return ``oid`` if it looks like ``sha256:<64 lowercase hex>``."""
-    if not isinstance(oid, str) or not _OID_PATTERN.match(oid):
+    if not isinstance(oid, str) or not OID_PATTERN.match(oid):
         raise InvalidId(oid, "object id", "expected 'sha256:' followed by 64 lowercase hex digits")
     return oid
 

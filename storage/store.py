@@ -123,13 +123,19 @@ class Store:
     # -- health -----------------------------------------------------------------------------
 
     def check(self, *, write: bool = True) -> None:
-        """Probe the store now: reachable, bucket present and (if ``write``) writable."""
+        """Probe the store now: reachable, bucket present, readable and (if ``write``) writable.
+
+        Commands that only read probe with ``write=False``: that reads the layout marker
+        (absent is fine: nothing was written yet) and never writes, so read-only
+        credentials, bucket roles and mounts serve them.
+        """
         with self._lock:
             self._ready = False
         self._ensure_ready()
-        if not write:
-            return
         rel = f"{LAYOUT_VERSION}/STORE"
+        if not write:
+            self._read(rel, f"reading {self._url(rel)}")
+            return
         self._write_whole(rel, MARKER, f"writing {self._url(rel)}")
         if self._read(rel, f"reading {self._url(rel)} back") != MARKER:
             raise StoreUnavailable(

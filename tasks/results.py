@@ -28,8 +28,8 @@ from prefect.filesystems import WritableFileSystem
 from prefect.serializers import Serializer
 from pydantic import Field
 
-from evalsnap.adk.evalset import strict_json
 from evalsnap.errors import EvalsnapError
+from evalsnap.jsonsafe import strict_json
 from evalsnap.pipeline import reuse
 from evalsnap.records import repo
 

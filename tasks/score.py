@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from typing import Any
 
@@ -12,7 +14,7 @@ from evalsnap import settings
 from evalsnap.pipeline import reuse
 from evalsnap.pipeline.outcomes import UnitOutcome
 from evalsnap.pipeline.plan import Plan, RunOptions
-from evalsnap.pipeline.score import ScoreRequest, score_metric
+from evalsnap.pipeline.score import ScoreRequest, score_metric, units_lost
 from evalsnap.records import repo
 from tasks.support import cached, wait_tracked
 
@@ -41,7 +43,19 @@ def run_scoring(requests: list[ScoreRequest], progress: Any = None,
     futures = [run.submit(r) if here is None or r.metric_name in here
                else pool.submit(run, {"request": r}) for r in requests]
     wait_tracked(futures, progress)
-    return [UnitOutcome.model_validate(u) for f in futures for u in f.result()]
+    return [UnitOutcome.model_validate(u) for r, f in zip(requests, futures, strict=True)
+            for u in _units_of(r, f)]
+
+
+def _units_of(request: ScoreRequest, future: Any) -> list[Any]:
+    """A metric task's units; when its scoring process died under it (user code that called
+    ``os._exit``, a crash), the metric's units say so instead of the run failing."""
+    try:
+        return list(future.result())
+    except BrokenProcessPool as exc:
+        return units_lost(request, f"the scoring process ended while this metric was being "
+                                   f"scored there ({exc}); user code may have ended it "
+                                   "(os._exit, a crash) — score it again to see")
 
 
 @task(name="prepare scoring process", persist_result=False)
@@ -50,16 +64,21 @@ def prepare_scoring_task() -> None:
 
 
 def _warm(store_url: str, storage_options: dict[str, str], sys_paths: list[str],
-          metric_names: list[str]) -> None:
-    """Initializer of a scoring process: what its tasks would import first."""
+          metric_names: list[str], agent: tuple[str | None, str | None] = (None, None),
+          parent_pid: int | None = None) -> None:
+    """Initializer of a scoring process: it dies with the flow's process, then imports what
+    its tasks would import first."""
     from evalsnap import startup
-    from evalsnap.pipeline.score import ensure_paths
+    from evalsnap.pipeline.score import ensure_paths, import_agent
     from evalsnap.records import repo
 
+    if parent_pid is not None:
+        startup.die_with_parent(parent_pid)
     startup.apply_defaults()
     startup.exit_without_teardown()
     repo.configure_store(store_url, storage_options)
     ensure_paths(sys_paths)
+    import_agent(*agent)  # before the config: what the agent package registers is needed
     import evalsnap.adk.config  # noqa: F401  (ADK's evaluators and their registry)
 
     thread = startup.preload(metric_names)
@@ -87,6 +106,7 @@ def scoring_pool(plan: Plan, run: RunOptions, runner: str) -> Iterator[Any]:
     with ProcessPoolTaskRunner(
             max_workers=s.scoring_process_count, initializer=_warm,
             initargs=(plan.store_url, repo.storage_options_of(plan.store_url), plan.sys_paths,
-                      plan.metric_names)) as pool:
+                      plan.metric_names, (plan.agent_dir, plan.agent_name),
+                      os.getpid())) as pool:
         pool.submit(prepare_scoring_task, {})
         yield pool

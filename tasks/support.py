@@ -93,13 +93,18 @@ def wait_tracked(futures: list[Any], progress: Any = None,
                  weights: list[int] | None = None) -> None:
     """Waits for every future, advancing the run's progress artifact as each completes
     (by its weight: the number of cases in an inference batch)."""
+    from concurrent.futures.process import BrokenProcessPool
+
     from prefect.futures import as_completed
 
     weight = {id(f): w for f, w in zip(futures, weights or [1] * len(futures), strict=True)}
     for _future in as_completed(futures):
         # wait() pins the engine's final state on the future; without it `future.state`
         # is read back from the API, which can still say RUNNING for a finished task.
-        _future.wait()
+        try:
+            _future.wait()
+        except BrokenProcessPool:
+            pass  # its result() raises it again, for the caller (tasks.score) to handle
         if progress is not None:
             progress.advance(weight[id(_future)])
 

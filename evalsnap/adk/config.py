@@ -3,7 +3,8 @@
 The file is ADK's ``EvalConfig`` (camelCase). evalsnap reads two optional
 extensions that ADK ignores: ``customMetrics.<name>.version`` (a trusted
 implementation version; without it a custom metric is never reused) and the
-top-level ``evalsnapPlugins`` / ``metricVersions`` keys.
+top-level ``evalsnapPlugins`` / ``metricVersions`` keys, and ``evalsnapPrices`` (model
+prices for the estimated cost of a run; not a scoring rule, so no fingerprint reads it).
 """
 
 from __future__ import annotations
@@ -28,16 +29,17 @@ from google.adk.evaluation.metric_evaluator_registry import (
     register_custom_metrics_from_config,
 )
 from google.adk.version import __version__ as ADK_VERSION
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import evalsnap.adk.context  # noqa: F401  (installs the EvaluationContext shim first)
 from evalsnap.adk import plugins
-from evalsnap.adk.evalset import strict_json
 from evalsnap.errors import ConfigError, InputFileError, MetricImportError
 from evalsnap.fingerprint import fingerprint
+from evalsnap.jsonsafe import strict_json
 from evalsnap.records import EvaluatorIdentity, MetricRule
+from evalsnap.records.record import ModelPrice
 
-_EXTENSION_KEYS = ("evalsnapPlugins", "metricVersions")
+_EXTENSION_KEYS = ("evalsnapPlugins", "metricVersions", "evalsnapPrices")
 
 
 @dataclass
@@ -52,6 +54,8 @@ class LoadedConfig:
     where: str = "<config>"
     live_criteria: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Criteria as configured, transport settings (``httpOptions``) included; never stored."""
+    prices: dict[str, ModelPrice] | None = None
+    """``evalsnapPrices``: price per million tokens by model name; None without a table."""
 
     def eval_metric(self, rule: MetricRule) -> EvalMetric:
         """The EvalMetric to score with: the live criterion, so a judge keeps its transport."""
@@ -141,6 +145,49 @@ def _version(value: Any, key: str, where: str) -> str:
     return str(value)
 
 
+class _PriceEntry(BaseModel):
+    """One ``evalsnapPrices`` entry as written in test_config.json."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    input_per_million: float = Field(alias="inputPerMillion", ge=0, allow_inf_nan=False)
+    output_per_million: float = Field(alias="outputPerMillion", ge=0, allow_inf_nan=False)
+
+
+_PRICES_FORMAT = ('"evalsnapPrices": {"<model name>": {"inputPerMillion": 0.3, '
+                  '"outputPerMillion": 2.5}}: price per million input and output tokens, '
+                  'numbers >= 0, one entry per model name as the model reports it')
+
+
+def read_prices(raw: dict[str, Any], where: str) -> dict[str, ModelPrice] | None:
+    """The optional ``evalsnapPrices`` table; a malformed one is a ConfigError."""
+    table = raw.get("evalsnapPrices")
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: `evalsnapPrices` must be an object, as in {_PRICES_FORMAT}.")
+    prices = {}
+    for model, entry in table.items():
+        if not model.strip():
+            raise ConfigError(f"{where}: `evalsnapPrices` has an empty model name; name each "
+                              f"model as in {_PRICES_FORMAT}.")
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: `evalsnapPrices.{model}` must be an object with "
+                              f"inputPerMillion and outputPerMillion, as in {_PRICES_FORMAT}.")
+        try:
+            parsed = _PriceEntry.model_validate(entry)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"`{'.'.join(str(p) for p in ('evalsnapPrices', model, *err['loc']))}`: "
+                f"{err['msg']}" for err in exc.errors())
+            raise ConfigError(f"{where}: the price table is malformed ({problems}). Write "
+                              f"{_PRICES_FORMAT}; or remove the key (it only prices the "
+                              "run's tokens).") from exc
+        prices[model] = ModelPrice(input_per_million=parsed.input_per_million,
+                                   output_per_million=parsed.output_per_million)
+    return prices
+
+
 def _validation_message(exc: ValidationError, where: str) -> str:
     err = exc.errors()[0]
     loc = [str(p) for p in err.get("loc", ())]
@@ -199,6 +246,7 @@ def resolve_config(raw: dict[str, Any], *, where: str = "<config>") -> LoadedCon
     except MetricImportError as exc:
         raise MetricImportError(f"{where}: {exc}") from exc.__cause__
     adk_raw, versions = _split_extensions(raw, where)
+    prices = read_prices(raw, where)
     try:
         eval_config = EvalConfig.model_validate(adk_raw)
     except ValidationError as exc:
@@ -218,6 +266,7 @@ def resolve_config(raw: dict[str, Any], *, where: str = "<config>") -> LoadedCon
     ]
     rules = [rule for rule, _ in resolved]
     return LoadedConfig(raw=raw, eval_config=eval_config, rules=rules, registry=registry,
+                        prices=prices,
                         live_criteria={rule.metric_name: full for rule, full in resolved},
                         custom_paths={k: v for k, v in custom_paths.items()
                                       if k in eval_config.criteria}, where=where)
@@ -265,10 +314,12 @@ def unregistered_judge_model(criterion: dict[str, Any]) -> str | None:
 def _unregistered_judge_message(name: str, model: str, where: str) -> str:
     message = (
         f"{where}: metric {name!r}: judge model {model!r} is not registered with ADK's "
-        "LLMRegistry in this process (model not found). Register it from a module named in "
-        "the config's `evalsnapPlugins` (imported from the agent's parent directory, e.g. "
-        "\"evalsnapPlugins\": [\"my_agent.models\"]) or from an installed `evalsnap.plugins` "
-        "entry point; installing evalsnap registers no judge model."
+        "LLMRegistry in this process (model not found). Register it in the agent package "
+        "(as under `adk eval`: `run` imports it first; give `rescore` and `replay` "
+        "`--agent AGENT_DIR`), from a module named in the config's `evalsnapPlugins` "
+        "(imported from the agent's parent directory, e.g. \"evalsnapPlugins\": "
+        "[\"my_agent.models\"]) or from an installed `evalsnap.plugins` entry point; "
+        "installing evalsnap registers no judge model."
     )
     if "snapshot" in where:
         message += (" The rules of a snapshot name no plugins (a stored record never imports "

@@ -7,10 +7,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from google.adk.evaluation.agent_evaluator import ALLOWED_CRITERIA, AgentEvaluator
+from google.adk.evaluation.eval_config import EvalConfig
 from google.adk.evaluation.eval_set import EvalSet
+from google.adk.evaluation.local_eval_sets_manager import convert_eval_set_to_pydantic_schema
 from pydantic import ValidationError
 
-from evalsnap.errors import EvalSetError, InputFileError
+from evalsnap.errors import ConfigError, EvalSetError, InputFileError
+from evalsnap.jsonsafe import strict_json  # re-exported: evalsnap.adk.evalset.strict_json
 
 
 def _first_error(exc: ValidationError) -> str:
@@ -19,30 +23,9 @@ def _first_error(exc: ValidationError) -> str:
     return f"{err.get('msg')} at `{loc}`" if loc else str(err.get("msg"))
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number (use a finite number or null)")
-
-
-def strict_json(text: str) -> Any:
-    """``json.loads`` limited to what can be stored and fingerprinted: no NaN/Infinity, no
-    lone surrogate escapes (``\\ud800``), no nesting too deep to parse. Any of those raises
-    ``ValueError`` (``json.JSONDecodeError`` for syntax errors)."""
+def _parse_json(text: str, where: str) -> Any:
     try:
-        raw = json.loads(text, parse_constant=_no_constant)
-    except RecursionError:
-        raise ValueError("it is nested too deeply") from None
-    try:
-        json.dumps(raw, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("it contains a lone surrogate escape such as \\ud800, which is not "
-                         "text") from None
-    return raw
-
-
-def parse_eval_set(text: str, *, where: str) -> EvalSet:
-    """Parses and checks an eval set; raises ``EvalSetError`` naming ``where``."""
-    try:
-        raw = strict_json(text)
+        return strict_json(text)
     except json.JSONDecodeError as exc:
         raise EvalSetError(
             f"{where} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
@@ -50,11 +33,15 @@ def parse_eval_set(text: str, *, where: str) -> EvalSet:
         ) from exc
     except ValueError as exc:
         raise EvalSetError(f"{where} is not valid JSON: {exc}; fix the file.") from exc
+
+
+def _eval_set_from_object(raw: Any, where: str) -> EvalSet:
     if not isinstance(raw, dict):
         raise EvalSetError(
             f"{where} must hold an ADK EvalSet object with `eval_set_id` and `eval_cases`, "
             f"not a JSON {type(raw).__name__}."
         )
+    _check_spellings(raw, where)
     try:
         eval_set = EvalSet.model_validate(raw)
     except ValidationError as exc:
@@ -64,6 +51,48 @@ def parse_eval_set(text: str, *, where: str) -> EvalSet:
         ) from exc
     _check_cases(eval_set, where)
     return eval_set
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+#: Values that are the user's own data (session state, tool arguments and results), where
+#: ``user_id`` beside ``userId`` may well be meant.
+_FREE_FORM = frozenset({"state", "args", "response", "final_session_state", "finalSessionState",
+                        "custom_metadata", "customMetadata", "tool_input"})
+
+
+def _check_spellings(raw: Any, where: str) -> None:
+    """ADK's models accept a field under its name and its camelCase alias (``eval_id`` and
+    ``evalId``); an object that gives both is ambiguous — which one ADK keeps, and which one a
+    selection or a fingerprint reads, can differ — so it is an error naming both."""
+    stack: list[tuple[Any, str]] = [(raw, "")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, list):
+            stack.extend((item, f"{path}[{i}]") for i, item in enumerate(value))
+            continue
+        if not isinstance(value, dict):
+            continue
+        for key, item in value.items():
+            alias = _camel(key) if isinstance(key, str) and "_" in key else key
+            if alias != key and alias in value:
+                at = f" at `{path}`" if path else ""
+                raise EvalSetError(f"{where}: `{key}` and `{alias}` are both given{at}; they are "
+                                   "one field spelled two ways — keep one of them.")
+            if key not in _FREE_FORM:
+                stack.append((item, f"{path}.{key}" if path else str(key)))
+
+
+def parse_eval_set(text: str, *, where: str) -> EvalSet:
+    """Parses and checks an eval set object; raises ``EvalSetError`` naming ``where``.
+
+    Text alone is always the current ``EvalSet`` format: ADK's old list formats need the
+    file (its name, its sibling ``test_config.json`` and ``initial.session.json``), so
+    only :func:`load_eval_set` migrates them."""
+    return _eval_set_from_object(_parse_json(text, where), where)
 
 
 def _check_cases(eval_set: EvalSet, where: str) -> None:
@@ -88,8 +117,21 @@ def _check_cases(eval_set: EvalSet, where: str) -> None:
                 )
 
 
-def load_eval_set(path: str | Path) -> EvalSet:
-    """Reads an ``.evalset.json`` file."""
+def load_eval_set(path: str | Path, *, initial_session: dict[str, Any] | None = None
+                  ) -> EvalSet:
+    """Reads an eval set file as ``adk eval`` / ``AgentEvaluator`` read it.
+
+    * a JSON object: ADK's ``EvalSet`` (``.evalset.json``);
+    * a JSON list: one of ADK's old formats, migrated by ADK's own code, with stable ids
+      (:func:`migrate_old_format`).
+
+    ``initial_session`` is ``AgentEvaluator.evaluate``'s ``initial_session_file`` content
+    (:func:`load_initial_session`): the session of an old ``.test.json``. None means the
+    :data:`INITIAL_SESSION_FILE` beside the file, if there is one. As in ADK, an ``EvalSet``
+    file holds its own ``session_input`` and refuses one.
+
+    Either way the cases pass the same checks (unique eval_ids, user content in every turn).
+    """
     p = Path(path)
     if not p.is_file():
         raise InputFileError(f"eval set {p} does not exist; pass the path of an .evalset.json file.")
@@ -97,4 +139,218 @@ def load_eval_set(path: str | Path) -> EvalSet:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputFileError(f"cannot read eval set {p}: {exc}") from exc
-    return parse_eval_set(text, where=str(p))
+    raw = _parse_json(text, str(p))
+    if not isinstance(raw, list):
+        _refuse_initial_session(initial_session, f"{p} is an ADK EvalSet file")
+        return _eval_set_from_object(raw, str(p))
+    eval_set = migrate_old_format(p, raw, initial_session)
+    _check_cases(eval_set, str(p))
+    return eval_set
+
+
+def load_initial_session(path: str | Path | None) -> dict[str, Any] | None:
+    """An ``initial_session_file`` (``AgentEvaluator.evaluate``'s): ``{"app_name", "user_id",
+    "state"}``, applied to every old-format ``.test.json`` of a run. None without a file."""
+    if path is None:
+        return None
+    p = Path(path)
+    if not p.is_file():
+        raise InputFileError(f"initial session file {p} does not exist; pass a JSON file "
+                             "{\"app_name\", \"user_id\", \"state\"}, or leave it out.")
+    return _read_session(p, f"initial session file {p}")
+
+
+def _refuse_initial_session(initial_session: dict[str, Any] | None, what: str) -> None:
+    if initial_session:
+        raise EvalSetError(f"{what}, which holds its own initial sessions; an initial session "
+                           "file only applies to ADK's old .test.json files: leave it out, or "
+                           "move the state into the cases' `session_input`.")
+
+
+# ---- ADK's old list formats ---------------------------------------------------------------
+
+INITIAL_SESSION_FILE = "initial.session.json"
+"""The initial session of a ``.test.json`` beside it (``AgentEvaluator``'s
+``initial_session_file``): ``{"app_name", "user_id", "state"}``."""
+_SUFFIXES = (".test.json", ".evalset.json", ".json")
+_TURN_SHAPE = ('{"query": "...", "expected_tool_use": [{"tool_name": "...", "tool_input": {}}], '
+               '"reference": "..."}')
+_OLD_FORMAT = (f"A JSON list is read as ADK's old .test.json format (a list of turns {_TURN_SHAPE}); "
+               "otherwise the file must hold an ADK EvalSet object with `eval_set_id` and "
+               "`eval_cases` (ADK's `AgentEvaluator.migrate_eval_data_to_new_schema` converts "
+               "old files).")
+
+
+def migrate_old_format(path: Path, raw: list[Any],
+                       initial_session: dict[str, Any] | None = None) -> EvalSet:
+    """One of ADK's old list formats, converted by ADK's own code, with stable ids.
+
+    * ``[{"query", "expected_tool_use", "reference", ...}, ...]`` (a ``.test.json``): the turns
+      of one conversation, converted by ``AgentEvaluator._get_eval_set_from_old_format``, the
+      migration ``AgentEvaluator.evaluate`` and ``migrate_eval_data_to_new_schema`` run: its
+      columns are checked against the ``test_config.json`` beside it (ADK's default criteria
+      without one); its initial session is ``initial_session``, else the
+      :data:`INITIAL_SESSION_FILE` beside it.
+    * ``[{"name", "data", "initial_session"}, ...]`` (an old ``.evalset.json``): one case per
+      entry, converted by ``convert_eval_set_to_pydantic_schema`` as ``adk eval`` does.
+
+    ADK fills in a random eval_set_id (uuid4) and invocation ids, clock-time timestamps, and the
+    file path as a test file's eval_id. evalsnap matches cases by eval_id across runs and stores
+    the reference cases content-addressed, so these are replaced by values that only depend on
+    the file: eval_set_id (and name) is the file name without ``.test.json`` /
+    ``.evalset.json`` / ``.json``; eval_id is that same stem for a test file (its one case) and
+    the entry's ``name`` for an old eval set; invocation_id is ``<eval_id>-<turn index>``;
+    every creation_timestamp is 0.0.
+    """
+    where = str(path)
+    set_id = _stem(path)
+    if raw and all(isinstance(entry, dict) and "data" in entry for entry in raw):
+        _refuse_initial_session(initial_session, f"{where} is an old ADK eval set (entries "
+                                "with `name` and `data`)")
+        converted = _from_old_eval_set(raw, set_id, where)
+        return _with_stable_ids(converted, set_id, [str(entry["name"]) for entry in raw])
+    _check_turns(raw, where, "")
+    session = initial_session if initial_session is not None else _sibling_session(path)
+    return _with_stable_ids(_from_test_file(path, where, session), set_id, [set_id])
+
+
+def _stem(path: Path) -> str:
+    name = path.name
+    stem = next((name[: -len(s)] for s in _SUFFIXES if name.endswith(s)), path.stem)
+    if not stem:
+        raise EvalSetError(f"{path} has no name before its suffix, and its eval_set_id is its "
+                           "name; rename the file, e.g. to my_agent.test.json.")
+    return stem
+
+
+def _from_test_file(path: Path, where: str, initial_session: dict[str, Any]) -> EvalSet:
+    try:
+        return AgentEvaluator._get_eval_set_from_old_format(  # noqa: SLF001 (ADK's migration)
+            where, _config_to_check(path), initial_session)
+    except OSError as exc:
+        raise InputFileError(f"cannot read eval set {where}: {exc}") from exc
+    except ValueError as exc:  # ADK's column check (pydantic's ValidationError included)
+        detail = str(exc).split(" The sample is", 1)[0]
+        raise EvalSetError(
+            f"{where}: ADK's migration of its old .test.json format refused it: {detail} "
+            "Give the turns the keys the criteria need, or drop the metric from the "
+            "test_config.json beside the file (without one, ADK's default criteria "
+            "tool_trajectory_avg_score and response_match_score apply)."
+        ) from exc
+
+
+def _config_to_check(path: Path) -> EvalConfig:
+    """The config ADK checks an old test file's columns against: the ``test_config.json``
+    beside it (``AgentEvaluator.find_config_for_test_file``), ADK's own criteria only. ADK
+    refuses any other criterion in an old file; evalsnap scores more (custom and evalsnap
+    metrics), and the config itself is checked in full when it is loaded for scoring."""
+    try:
+        eval_config = AgentEvaluator.find_config_for_test_file(str(path))
+    except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        detail = _first_error(exc) if isinstance(exc, ValidationError) else str(exc)
+        raise ConfigError(
+            f"{path.parent / 'test_config.json'} (the config of the old-format test file "
+            f"{path}) is not a valid ADK test config: {detail}; fix it."
+        ) from exc
+    criteria = {k: v for k, v in eval_config.criteria.items() if k in ALLOWED_CRITERIA}
+    return eval_config.model_copy(update={"criteria": criteria})
+
+
+def _from_old_eval_set(raw: list[Any], set_id: str, where: str) -> EvalSet:
+    for index, entry in enumerate(raw):
+        name = entry.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise EvalSetError(f"{where}: entry {index} has no `name` string; in ADK's old eval "
+                               "set format every entry is {\"name\", \"data\", \"initial_session\"} "
+                               "and its name becomes the eval_id.")
+        _check_turns(entry["data"], where, f"case {name!r} ")
+        session = entry.get("initial_session", {})
+        if not isinstance(session, dict):
+            raise EvalSetError(f"{where}: case {name!r} `initial_session` must be an object "
+                               "{\"app_name\", \"user_id\", \"state\"}.")
+        _check_session(session, f"{where}: case {name!r} `initial_session`")
+    try:
+        return convert_eval_set_to_pydantic_schema(eval_set_id=set_id,
+                                                   eval_set_in_json_format=raw)
+    except ValueError as exc:  # pydantic's ValidationError: a value ADK's models refuse
+        raise EvalSetError(f"{where}: ADK's migration of its old eval set format refused it: "
+                           f"{exc}; fix the entry it names.") from exc
+
+
+def _check_turns(turns: Any, where: str, case: str) -> None:
+    """What ADK's converter indexes into, checked first so that no KeyError escapes it."""
+    if not isinstance(turns, list) or not turns:
+        raise EvalSetError(f"{where}: {case}has no turns. {_OLD_FORMAT}")
+    for index, turn in enumerate(turns):
+        problem = _turn_problem(turn)
+        if problem:
+            raise EvalSetError(f"{where}: {case}turn {index} {problem}. {_OLD_FORMAT}")
+
+
+def _turn_problem(turn: Any) -> str | None:
+    if not isinstance(turn, dict):
+        return f"is a JSON {type(turn).__name__}, not an object"
+    if not isinstance(turn.get("query"), str):
+        return "has no `query` string"
+    if not isinstance(turn.get("reference", ""), str):
+        return "has a `reference` that is not a string"
+    tool_uses = turn.get("expected_tool_use", [])
+    if not isinstance(tool_uses, list):
+        return "has an `expected_tool_use` that is not a list"
+    for i, use in enumerate(tool_uses):
+        if not (isinstance(use, dict) and isinstance(use.get("tool_name"), str)
+                and isinstance(use.get("tool_input"), dict)):
+            return (f"has expected_tool_use[{i}] without a `tool_name` string and a "
+                    "`tool_input` object")
+    responses = turn.get("expected_intermediate_agent_responses", [])
+    if not isinstance(responses, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("author"), str)
+            and isinstance(r.get("text"), str) for r in responses):
+        return ("has `expected_intermediate_agent_responses` that are not a list of "
+                "{\"author\", \"text\"} strings")
+    return None
+
+
+def _sibling_session(path: Path) -> dict[str, Any]:
+    """The :data:`INITIAL_SESSION_FILE` beside a test file; ``{}`` (no session) without one."""
+    file = path.parent / INITIAL_SESSION_FILE
+    return _read_session(file, f"{file} (the initial session of {path})") if file.is_file() else {}
+
+
+def _read_session(file: Path, what: str) -> dict[str, Any]:
+    """Read as ``AgentEvaluator`` reads ``initial_session_file``, checked as ADK's converter
+    uses it."""
+    try:
+        raw = strict_json(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError included
+        raise EvalSetError(f"{what} is not valid JSON: {exc}; fix it or remove it.") from exc
+    if not isinstance(raw, dict):
+        raise EvalSetError(f"{what} must be an object {{\"app_name\", \"user_id\", \"state\"}}, "
+                           f"not a JSON {type(raw).__name__}.")
+    _check_session(raw, what)
+    return raw
+
+
+def _check_session(session: dict[str, Any], where: str) -> None:
+    for key in ("app_name", "user_id"):
+        if not isinstance(session.get(key, ""), str):
+            raise EvalSetError(f"{where}: `{key}` must be a string.")
+    if not isinstance(session.get("state", {}), dict):
+        raise EvalSetError(f"{where}: `state` must be an object of session state keys.")
+
+
+def _with_stable_ids(eval_set: EvalSet, set_id: str, eval_ids: list[str]) -> EvalSet:
+    cases = [
+        case.model_copy(update={
+            "eval_id": eval_id,
+            "creation_timestamp": 0.0,
+            "conversation": [
+                turn.model_copy(update={"invocation_id": f"{eval_id}-{i}",
+                                        "creation_timestamp": 0.0})
+                for i, turn in enumerate(case.conversation or [])
+            ],
+        })
+        for case, eval_id in zip(eval_set.eval_cases, eval_ids, strict=True)
+    ]
+    return eval_set.model_copy(update={"eval_set_id": set_id, "name": set_id,
+                                       "creation_timestamp": 0.0, "eval_cases": cases})

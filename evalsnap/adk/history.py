@@ -2,7 +2,8 @@
 
 Export: each record also becomes an ``EvalSetResult`` file ``adk web`` can show.
 Import: existing ADK ``*.evalset_result.json`` files become records of kind ``import``
-(no snapshot; inference records whose session states are ``None``).
+(no snapshot; inference records whose session states are ``None``). Every file is read and
+validated before any is imported: one bad file imports nothing.
 """
 
 from __future__ import annotations
@@ -15,10 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from google.adk.evaluation._eval_set_results_manager_utils import (
-    create_eval_set_result,
-    parse_eval_set_result_json,
-)
+from google.adk.evaluation._eval_set_results_manager_utils import create_eval_set_result
 from google.adk.evaluation.eval_metrics import (
     EvalMetricResult,
     EvalMetricResultPerInvocation,
@@ -26,8 +24,9 @@ from google.adk.evaluation.eval_metrics import (
 )
 from google.adk.evaluation.eval_result import EvalCaseResult, EvalSetResult
 from google.adk.evaluation.eval_set import EvalCase
+from pydantic import ValidationError
 
-from evalsnap.errors import InputFileError
+from evalsnap.errors import CorruptRecordError, InputFileError
 from evalsnap.fingerprint import fingerprint, unit_fingerprint
 from evalsnap.records import (
     EvaluationRecord,
@@ -41,6 +40,7 @@ from evalsnap.records import (
     UnitRow,
     repo,
 )
+from evalsnap.records._base import first_problem, parse_stored
 
 HISTORY_SUFFIX = ".evalset_result.json"
 
@@ -256,21 +256,44 @@ def import_result(store: Any, result: EvalSetResult, path: Path,
     return record_oid, record
 
 
+def read_history_file(path: Path) -> EvalSetResult:
+    """One ADK result file, parsed and validated as ADK reads it (its old double-encoded
+    files too: the JSON of a JSON string); ``CorruptRecordError`` naming the file if it is
+    not one, ``InputFileError`` if it cannot be read."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputFileError(f"{path} cannot be read ({exc}); check that it exists and that "
+                             "this user may read it.") from exc
+    advice = "fix or remove the file, then import again (nothing was imported)"
+    raw = parse_stored(data, what=str(path), advice=advice)
+    if isinstance(raw, str):
+        raw = parse_stored(raw.encode(), what=str(path), advice=advice)
+    try:
+        return EvalSetResult.model_validate(raw)
+    except ValidationError as exc:
+        raise CorruptRecordError(
+            f"{path} is not an ADK EvalSetResult file ({first_problem(exc)}); {advice}.") from exc
+
+
 def import_history(store: Any, directory: str | Path,
                    app_name: str | None = None) -> list[dict[str, Any]]:
-    """Imports every ADK result file in ``directory``; returns one summary per file."""
+    """Imports every ADK result file in ``directory``; returns one summary per file.
+
+    Every file is validated first, so one bad file imports nothing. Each is read again to
+    import it, rather than held: a year of nightly results does not fit in memory parsed.
+    """
     files = history_files(directory)
     if not files:
         raise InputFileError(f"no *{HISTORY_SUFFIX} files in {directory}.")
-    out = []
     for path in files:
-        try:
-            result = parse_eval_set_result_json(path.read_bytes())
-        except (OSError, ValueError) as exc:
-            raise InputFileError(f"{path} is not an ADK EvalSetResult file: {exc}") from exc
-        oid, record = import_result(store, result, path, app_name)
-        out.append({"file": str(path), "run_id": record.run_id, "record_id": oid,
-                    "eval_set_id": record.eval_set_id, "app_name": record.app_name,
-                    "cases": len(record.inference), "units": len(record.units),
-                    "passed": record.summary.passed})
-    return out
+        read_history_file(path)
+    return [_import_file(store, path, app_name) for path in files]
+
+
+def _import_file(store: Any, path: Path, app_name: str | None) -> dict[str, Any]:
+    oid, record = import_result(store, read_history_file(path), path, app_name)
+    return {"file": str(path), "run_id": record.run_id, "record_id": oid,
+            "eval_set_id": record.eval_set_id, "app_name": record.app_name,
+            "cases": len(record.inference), "units": len(record.units),
+            "passed": record.summary.passed}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -41,19 +40,26 @@ DaskAddressOpt = Annotated[str | None, typer.Option(
 
 
 def _storage_options(pairs: list[str] | None) -> dict[str, str]:
+    """``--storage-option KEY=VALUE`` pairs as a dict; whether the backend takes each key
+    is checked when the store is opened (an unknown one is exit 2 naming it)."""
     opts = {}
     for pair in pairs or []:
-        if "=" not in pair:
-            raise errors.UsageError(f"--storage-option {pair!r} must look like KEY=VALUE.")
-        k, v = pair.split("=", 1)
-        opts[k.strip()] = v
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise errors.UsageError(f"--storage-option {pair!r} must look like KEY=VALUE, "
+                                    "e.g. --storage-option endpoint_url=http://127.0.0.1:9000.")
+        opts[key.strip()] = value
     return opts
 
 
-def _open_store(url: str, storage_option: list[str] | None) -> Any:
-    """Configures ``--storage-option`` for ``url`` in this process and opens the store."""
+def _open_store(url: str, storage_option: list[str] | None, *, write: bool = False) -> Any:
+    """Configures ``--storage-option`` for ``url`` in this process, opens the store and
+    probes it: for reading only unless the command writes (``write``), so read-only
+    credentials and mounts serve every command that only reads."""
     repo.configure_store(url, _storage_options(storage_option))
-    return repo.open_store(url)
+    store = repo.open_store(url)
+    store.check(write=write)
+    return store
 
 
 def _print_json(value: dict[str, Any]) -> None:
@@ -87,8 +93,11 @@ def _emit(result: dict[str, Any], as_json: bool) -> None:
         sys.stdout.write(json.dumps(result, sort_keys=False, default=str) + "\n")
         sys.stdout.flush()
     else:
-        out.print(score_table(result))
-        out.print(f"record {result['record_id']}  snapshot {result['snapshot_id']}")
+        from evalsnap.reports.suite import parts
+
+        for part in parts(result):
+            out.print(score_table(part))
+            out.print(f"record {part['record_id']}  snapshot {part['snapshot_id']}")
 
 
 @contextmanager
@@ -119,13 +128,15 @@ def _progress(enabled: bool) -> Iterator[None]:
             unsubscribe()
 
 
-def _metrics_in(config: str | None, evalset: str | None) -> list[str]:
+def _metrics_in(config: str | None, evalset: str | list[str] | None) -> list[str]:
     """The metric names a config file lists, read cheaply (only to preload what they need;
     the flow plans and validates the run, and reports what is wrong with the file)."""
     from evalsnap.adk.config import read_config_file
-    from evalsnap.pipeline.plan import default_config_path
+    from evalsnap.adk.targets import default_config_path
 
-    path = config or (default_config_path(evalset) if evalset else None)
+    first = evalset[0] if isinstance(evalset, list) and evalset else evalset
+    path = config or (default_config_path(first.split(":")[0])
+                      if isinstance(first, str) else None)
     try:
         criteria = read_config_file(path)[0].get("criteria") if path else None
     except errors.EvalsnapError:
@@ -133,51 +144,38 @@ def _metrics_in(config: str | None, evalset: str | None) -> list[str]:
     return [str(name) for name in criteria] if isinstance(criteria, dict) else []
 
 
-class _TypedErrorsPrintedOnce(logging.Filter):
-    """Drops Prefect's traceback of a typed error (bad input found while the flow plans):
-    the flow run still ends Failed with the error, and the CLI prints it once, clearly."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return not isinstance(exc, errors.EvalsnapError)
-
-
 def _run_flow(flow_fn: Any, preload: list[str], storage_option: list[str] | None,
               progress: bool, **params: Any) -> dict[str, Any]:
-    """Runs a flow in this process, on the temporary API (started early) or the server
-    ``PREFECT_API_URL`` names; returns its summary."""
-    from evalsnap.startup import prestart_ephemeral_api
+    """Runs a flow in this process (:func:`evalsnap.api.run_flow`); returns its summary."""
+    from evalsnap.api import run_flow
 
-    prestart_ephemeral_api()  # a no-op if the module's import started it already
-    from evalsnap.pipeline.runners import resolve_runner
+    return run_flow(flow_fn, storage_options=_storage_options(storage_option), preload=preload,
+                    progress=_progress(progress), **params)
 
-    params["task_runner"], params["dask_address"] = resolve_runner(params["task_runner"],
-                                                                   params["dask_address"])
-    repo.configure_store(params["store"], _storage_options(storage_option))
-    from prefect import settings
 
-    from evalsnap.startup import preload_flow_engine, wait_for_ephemeral_api
-
-    logging.getLogger("google_adk").setLevel(logging.ERROR)
-    logging.getLogger("prefect.flow_runs").addFilter(_TypedErrorsPrintedOnce())
-    # While the temporary API is still starting: first what the flow's start needs, then,
-    # in the background, what its metrics will (this thread is idle until the API answers).
-    preload_flow_engine()
-    startup.preload(preload)
-    wait_for_ephemeral_api()
-    heartbeat = getattr(settings, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY", None)
-    with _progress(progress):
-        if heartbeat is None:
-            return flow_fn(**params)
-        # A sync flow run otherwise spends ~1 s joining its heartbeat thread.
-        with settings.temporary_settings({heartbeat: None}):
-            return flow_fn(**params)
+@contextmanager
+def _stdout_kept_for_json(enabled: bool) -> Iterator[None]:
+    """With ``--json``, stdout holds the one JSON object alone: while the flow runs, file
+    descriptor 1 is the terminal's stderr, so whatever user code prints (a metric, a tool,
+    the agent) — in this process or in a scoring process it starts — goes to stderr."""
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _flow_command(flow_fn: Any, storage_option: list[str] | None, as_json: bool,
                   **params: Any) -> None:
     """Runs a flow command: the flow, its summary printed, the exit code of its gate."""
-    with _handled():
+    with _handled(), _stdout_kept_for_json(as_json):
         # With --reuse (and no --force) most units usually come from earlier runs, and
         # preloading only competes with the run for the interpreter.
         preload = (_metrics_in(params["config"], params["evalset"])
@@ -191,8 +189,11 @@ def _flow_command(flow_fn: Any, storage_option: list[str] | None, as_json: bool,
 @app.command()
 def run(
     agent_dir: Annotated[str, typer.Argument(help="ADK agent package directory")],
-    evalset: Annotated[str, typer.Argument(help=".evalset.json file")],
-    config: Annotated[str | None, typer.Option(help="test_config.json (default: beside EVALSET)")] = None,
+    evalset: Annotated[list[str], typer.Argument(help=(
+        "Eval set(s) as adk eval takes them: FILE, FILE:ID,ID, an eval set id of the agent, "
+        "or a directory of *.test.json files"))],
+    config: Annotated[str | None, typer.Option(
+        help="test_config.json for every eval set (default: the one beside each)")] = None,
     store: StoreOpt = ".evalsnap",
     storage_option: OptionOpt = None,
     reuse: Annotated[bool, typer.Option(help="Reuse complete, compatible earlier work")] = False,
@@ -200,17 +201,23 @@ def run(
     metric: Annotated[list[str] | None, typer.Option(help="Only this metric (repeatable)")] = None,
     case: Annotated[list[str] | None, typer.Option(help="Only this eval_id (repeatable)")] = None,
     repetitions: Annotated[int, typer.Option(help="Runs of the agent per case")] = 1,
+    agent_name: Annotated[str | None, typer.Option(
+        help="Evaluate this sub-agent instead of the root agent")] = None,
+    initial_session_file: Annotated[str | None, typer.Option(
+        help="Initial session of old-format *.test.json files (as AgentEvaluator's)")] = None,
     task_runner: RunnerOpt = None,
     dask_address: DaskAddressOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run the agent on every case, freeze, score, publish."""
+    """Run the agent on every case, freeze, score, publish (one record per eval set)."""
     from flows.evaluate import evaluate
 
-    _flow_command(evaluate, storage_option, as_json, agent_dir=agent_dir, evalset=evalset,
+    _flow_command(evaluate, storage_option, as_json, agent_dir=agent_dir,
+                  evalset=evalset[0] if len(evalset) == 1 else evalset,
                   config=config, store=store, reuse=reuse, force=force, metrics=metric,
                   cases=case, repetitions=repetitions, task_runner=task_runner,
-                  dask_address=dask_address)
+                  dask_address=dask_address, agent_name=agent_name,
+                  initial_session_file=initial_session_file)
 
 
 @app.command()
@@ -225,6 +232,9 @@ def rescore(
     metric: Annotated[list[str] | None, typer.Option(help="Only this metric (repeatable)")] = None,
     case: Annotated[list[str] | None, typer.Option(help="Only this eval_id (repeatable)")] = None,
     code_path: Annotated[list[str] | None, typer.Option(help="Directory to import custom metrics from")] = None,
+    agent: Annotated[str | None, typer.Option(
+        "--agent", help="Agent package to import first, as a run does (never called)")] = None,
+    agent_name: Annotated[str | None, typer.Option(help="Sub-agent of --agent")] = None,
     task_runner: RunnerOpt = None,
     dask_address: DaskAddressOpt = None,
     as_json: JsonOpt = False,
@@ -239,7 +249,7 @@ def rescore(
     _flow_command(rescore_flow, storage_option, as_json, run_or_snapshot=run_or_snapshot,
                   evalset=evalset, config=config, store=store, reuse=reuse, force=force,
                   metrics=metric, cases=case, code_paths=paths, task_runner=task_runner,
-                  dask_address=dask_address)
+                  dask_address=dask_address, agent=agent, agent_name=agent_name)
 
 
 @app.command()

@@ -64,7 +64,6 @@ def ls(
     """Runs, snapshots and records in the store, newest first."""
     with _handled():
         s = _open_store(store, storage_option)
-        s.check()
         manifests = repo.list_manifests(s)
     runs: list[dict[str, Any]] = [{"run_id": m.run_id, "kind": m.kind, "created_at": m.created_at,
              "eval_set_id": m.eval_set_id, "app_name": m.app_name,

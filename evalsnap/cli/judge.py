@@ -8,8 +8,7 @@ from typing import Annotated
 
 import typer
 
-from evalsnap.cli import JsonOpt, OptionOpt, StoreOpt, _emit, _handled, _storage_options, app
-from evalsnap.records import repo
+from evalsnap.cli import JsonOpt, OptionOpt, StoreOpt, _emit, _handled, _open_store, app
 
 
 @app.command()
@@ -17,6 +16,8 @@ def replay(
     record: Annotated[str, typer.Argument(help="Run id, record id or 'latest'")],
     store: StoreOpt = ".evalsnap",
     storage_option: OptionOpt = None,
+    agent: Annotated[str | None, typer.Option(
+        "--agent", help="Agent package to import first (models or evaluators it registers)")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Parse and aggregate the recorded judge answers again; no model is called, nothing is
@@ -25,7 +26,7 @@ def replay(
 
     logging.getLogger("google_adk").setLevel(logging.ERROR)
     with _handled():
-        repo.configure_store(store, _storage_options(storage_option))
-        result = asyncio.run(replay_record(repo.open_store(store), record))
+        result = asyncio.run(replay_record(_open_store(store, storage_option), record,
+                                           agent_dir=agent))
     _emit(result, as_json)
     raise typer.Exit(result["exit_code"])

@@ -30,13 +30,13 @@ def verify(
 
     with _handled():
         s = _open_store(store, storage_option)
-        s.check(write=False)
         report = verify_store(s)
     if as_json:
         _print_json(report.as_dict())
     else:
         counted = ", ".join(f"{n} {kind}" for kind, n in report.objects.items())
-        out.print(f"{report.store}: {counted}; {report.runs} run manifest(s)", highlight=False)
+        out.print(f"{report.store}: {counted}; {report.runs} run manifest(s), "
+                  f"{report.index_entries} index entries", highlight=False)
         for f in report.findings:
             err.print(f"[red]{f.kind}[/] {f.location}: {f.message}", highlight=False,
                       soft_wrap=True)
@@ -59,8 +59,7 @@ def import_adk_history(
     from evalsnap.adk.history import import_history
 
     with _handled():
-        s = _open_store(store, storage_option)
-        s.check()
+        s = _open_store(store, storage_option, write=True)
         imported = import_history(s, directory, app_name)
     if as_json:
         _print_json({"store": s.url, "imported": imported})

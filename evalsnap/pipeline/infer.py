@@ -42,6 +42,8 @@ class InferBatch(BaseModel):
 
     store_url: str
     agent_dir: str
+    agent_name: str | None = None
+    """The sub-agent evaluated instead of the root agent (``AgentEvaluator``'s ``agent_name``)."""
     eval_set_id: str
     run_id: str
     reuse: bool
@@ -55,9 +57,10 @@ class InferBatch(BaseModel):
 
 
 @functools.lru_cache(maxsize=8)
-def agent_at(agent_dir: str) -> LoadedAgent:
-    """The agent package, imported once per process."""
-    return load_agent(agent_dir)
+def agent_at(agent_dir: str, agent_name: str | None = None) -> LoadedAgent:
+    """The agent package, imported once per process (trusted live code, as in ADK: every
+    process that runs or scores for it imports it, so what it registers is there)."""
+    return load_agent(agent_dir, agent_name=agent_name)
 
 
 async def _one(batch: InferBatch, item: InferItem, attempt: int) -> InferenceOutcome:
@@ -73,7 +76,7 @@ async def _one(batch: InferBatch, item: InferItem, attempt: int) -> InferenceOut
                                 if record.run_id == batch.run_id else 0)
     case = EvalCase.model_validate_json(item.case_json)
     async with limits.model_slot("agent"):
-        record = await run_inference(agent_at(batch.agent_dir), case,
+        record = await run_inference(agent_at(batch.agent_dir, batch.agent_name), case,
                                      eval_set_id=batch.eval_set_id, repetition=item.repetition,
                                      run_id=batch.run_id, attempt=attempt)
     oid = repo.put(store, record)
@@ -110,7 +113,7 @@ def infer_batch(batch: InferBatch, attempt: int = 1) -> list[InferenceOutcome]:
 def record_failures(batch: InferBatch, error: str, attempts: int) -> list[InferenceOutcome]:
     """Failed inferences for every item of a batch whose task failed as a whole."""
     store = repo.open_store(batch.store_url)
-    agent = agent_at(batch.agent_dir)
+    agent = agent_at(batch.agent_dir, batch.agent_name)
     out = []
     for item in batch.items:
         record = InferenceRecord(

@@ -69,6 +69,19 @@ def response_text(response: LlmResponse) -> str:
     return "".join(p.text or "" for p in parts)
 
 
+def response_usage(responses: list[LlmResponse]) -> tuple[dict[str, Any] | None, str | None]:
+    """(usage metadata as JSON, model version) of one judge call's responses.
+
+    The last response that carries usage metadata holds the call's usage: a call that
+    is not streamed has one response, and a streamed one reports its running total last,
+    so summing the chunks would count tokens twice.
+    """
+    usage = next((r.usage_metadata for r in reversed(responses) if r.usage_metadata), None)
+    version = next((r.model_version for r in reversed(responses) if r.model_version), None)
+    return (usage.model_dump(mode="json", exclude_none=True) if usage is not None else None,
+            version)
+
+
 def _prompt_text(llm_request: LlmRequest) -> str:
     users = [c for c in llm_request.contents if c.role == "user"]
     return "".join(p.text or "" for p in (users[-1].parts or [])) if users else ""
@@ -142,6 +155,10 @@ class JudgeCall:
     live: bool = True
     """True when the judge model was called; False when answered from a ledger."""
     reused_from: str | None = None
+    usage_metadata: dict[str, Any] | None = None
+    """The token usage the judge reported (live calls only; see :func:`response_usage`)."""
+    model_version: str | None = None
+    """The model version the judge's response names."""
 
     @property
     def failed(self) -> bool:
@@ -245,6 +262,7 @@ class JudgeRecorder:
                     continue
                 raise
             call.raw_response = "".join(response_text(r) for r in responses)
+            call.usage_metadata, call.model_version = response_usage(responses)
             self._parse(call)
             for response in responses:
                 yield response

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 
 from evalsnap.adk.inference import now_iso
@@ -34,7 +33,8 @@ def entries_for(recorder: JudgeRecorder, rule: MetricRule, frozen: FrozenCase,
             judge_model={"model": view.get("model"), "class": call.judge_class},
             generation_config=view.get("config"), request={"contents": view.get("contents")},
             raw_response=call.raw_response, error=call.error, parsed=call.parsed,
-            parse_ok=call.parse_ok, evaluator=recorder.adapter.evaluator_path,
+            parse_ok=call.parse_ok, usage_metadata=call.usage_metadata,
+            model_version=call.model_version, evaluator=recorder.adapter.evaluator_path,
             aggregation_version=recorder.adapter.aggregation_version,
             source="model" if call.live else "ledger",
             reused_from=None if call.live else call.reused_from,
@@ -50,8 +50,8 @@ def write_entries(store: Store, entries: list[LedgerEntry]) -> list[str]:
         oids.append(oid)
         # An answer from the ledger is indexed already (by the entry it came from).
         if not entry.failed and entry.source == "model":
-            store.put_ref(INDEX, sample_ref(entry.request_key, entry.sample_index),
-                          json.dumps({"oid": oid}).encode())
+            repo.write_index_entry(store, INDEX, sample_ref(entry.request_key, entry.sample_index),
+                                   {"oid": oid})
     return oids
 
 
@@ -72,13 +72,10 @@ def reuse_source(store: Store) -> LedgerSource:
     """``--reuse``: any earlier successful answer to the same (request key, sample index)."""
 
     def lookup(key: str, sample: int) -> LedgerAnswer | None:
-        data = store.get_ref(INDEX, sample_ref(key, sample))
-        if data is None:
+        indexed = repo.read_index_entry(store, INDEX, sample_ref(key, sample))
+        if indexed is None:
             return None
-        try:
-            oid = json.loads(data)["oid"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            return None
+        oid = indexed["oid"]
         entry = load_entry(store, oid)
         if entry is None or entry.failed or entry.request_key != key \
                 or entry.sample_index != sample:

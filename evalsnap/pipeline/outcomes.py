@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+
+from evalsnap.records.record import TokenCounts
 
 
 class InferenceOutcome(BaseModel):
@@ -40,6 +42,10 @@ class UnitOutcome(BaseModel):
     score: float | None = None
     judge_calls: int = 0
     reused_judge_samples: int = 0
+    judge_tokens: dict[str, TokenCounts] = Field(default_factory=dict)
+    """Tokens of this run's live judge calls for the unit, by model."""
+    judge_unreported: int = 0
+    """This run's live judge calls for the unit that reported no token usage."""
     run_id: str
     """The run that scored the unit."""
     reused_from_record: str | None = None

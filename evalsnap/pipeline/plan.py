@@ -15,8 +15,9 @@ from pydantic import Field as PydanticField
 from evalsnap import settings
 from evalsnap.adk.agent import LoadedAgent, ensure_importable, load_agent
 from evalsnap.adk.config import LoadedConfig, load_config, resolve_config
-from evalsnap.adk.evalset import load_eval_set
+from evalsnap.adk.evalset import load_eval_set, load_initial_session
 from evalsnap.adk.inference import now_iso
+from evalsnap.adk.targets import EvalTarget, default_config_path, resolve_targets
 from evalsnap.errors import ConfigError, InputFileError, NotFoundError, UsageError
 from evalsnap.fingerprint import inference_fingerprint, unit_fingerprint
 from evalsnap.pipeline import progress, reuse
@@ -36,6 +37,10 @@ class Plan:
     eval_set: EvalSet
     config: LoadedConfig
     agent: LoadedAgent | None = None
+    """The agent an evaluate run infers with (None for a rescore)."""
+    agent_dir: str | None = None
+    """The agent package every scoring process imports first (``--agent`` for a rescore)."""
+    agent_name: str | None = None
     repetitions: int = 1
     metric_names: list[str] = field(default_factory=list)
     case_ids: list[str] = field(default_factory=list)
@@ -74,8 +79,8 @@ class Plan:
         s = settings.get()
         progress.expect("inference", len(items))
         return [InferBatch(store_url=self.store_url, agent_dir=str(self.agent.path),
-                           eval_set_id=self.eval_set.eval_set_id, run_id=run.run_id,
-                           reuse=run.reuse, concurrency=run.concurrency,
+                           agent_name=self.agent_name, eval_set_id=self.eval_set.eval_set_id,
+                           run_id=run.run_id, reuse=run.reuse, concurrency=run.concurrency,
                            items=[items[i] for i in part])
                 for part in batches(len(items), s.max_workers, s.infer_batch)]
 
@@ -100,7 +105,8 @@ class Plan:
                                                               rule.rule_fingerprint)
                                              for c in snapshot.cases]),
             trusted=rule.evaluator.trusted, judge=rule.judge, config_json=self.config_json,
-            config_where=self.config.where, sys_paths=self.sys_paths, run_id=run.run_id,
+            config_where=self.config.where, sys_paths=self.sys_paths,
+            agent_dir=self.agent_dir, agent_name=self.agent_name, run_id=run.run_id,
             reuse=run.reuse, force=run.force, concurrency=run.concurrency)
             for rule in snapshot.rules]
 
@@ -110,7 +116,7 @@ class Plan:
             store_url=self.store_url, run_id=run.run_id, kind=run.kind, snapshot_oid=snapshot_oid,
             inference=outcomes, units=units, reuse=run.reuse, force=run.force, source=self.source,
             skipped_cases=self.skipped_cases, uninferred_cases=self.uninferred_cases,
-            agent_dir=str(self.agent.path) if self.agent else None)
+            agent_dir=str(self.agent.path) if self.agent else None, prices=self.config.prices)
 
 
 class RunOptions(BaseModel):
@@ -130,12 +136,6 @@ def new_run_id() -> str:
     return f"{stamp}Z-{secrets.token_hex(3)}"
 
 
-def default_config_path(evalset: str | Path) -> Path | None:
-    """``test_config.json`` beside the eval set, as ``adk eval`` does."""
-    candidate = Path(evalset).parent / "test_config.json"
-    return candidate if candidate.is_file() else None
-
-
 def _select(plan: Plan, metrics: list[str] | None, cases: list[str] | None) -> None:
     known_metrics = [r.metric_name for r in plan.config.rules]
     unknown = sorted(set(metrics or []) - set(known_metrics))
@@ -147,29 +147,98 @@ def _select(plan: Plan, metrics: list[str] | None, cases: list[str] | None) -> N
     if missing:
         raise UsageError(f"cases {missing} are not in eval set {plan.eval_set.eval_set_id}.")
     plan.case_ids = [c for c in known_cases if not cases or c in cases]
+    _require_work(plan)
 
 
-def plan_run(agent_dir: str, evalset: str, config: str | None, store_url: str,
-             metrics: list[str] | None = None, cases: list[str] | None = None,
-             repetitions: int = 1) -> Plan:
+def _require_work(plan: Plan) -> None:
+    """A run that would score nothing is a usage error, not a pass."""
+    if not plan.case_ids:
+        raise UsageError(f"eval set {plan.eval_set.eval_set_id} has no case to run; add eval "
+                         "cases to it (a run that scores nothing cannot pass).")
+    if not plan.metric_names:
+        raise UsageError(f"config {plan.config.where} names no metric; add `criteria` to it "
+                         "(a run that scores nothing cannot pass).")
+
+
+def _union(*selections: list[str] | None) -> list[str] | None:
+    """Cases named by ``FILE:ID,ID`` and by ``--case``; None (all) when neither names any."""
+    ids = [c for sel in selections for c in sel or []]
+    return list(dict.fromkeys(ids)) or None
+
+
+def _select_in_several(plans: list[Plan], targets: list[EvalTarget], metrics: list[str] | None,
+                       cases: list[str] | None) -> list[Plan]:
+    """Selection over several eval sets: ``FILE:ID,ID`` names cases of its file; ``--case``
+    and ``--metric`` apply wherever the case or metric exists, and must exist somewhere.
+    An eval set left with no case or no metric is not run."""
+    for name, wanted, have in (
+            ("metrics", metrics, {r.metric_name for p in plans for r in p.config.rules}),
+            ("cases", cases, {c.eval_id for p in plans for c in p.eval_set.eval_cases})):
+        unknown = sorted(set(wanted or []) - have)
+        if unknown:
+            raise UsageError(f"{name} {unknown} are in none of the eval sets or configs of "
+                             f"this run; choose from {sorted(have)}.")
+    kept = []
+    for plan, target in zip(plans, targets, strict=True):
+        known_metrics = {r.metric_name for r in plan.config.rules}
+        known_cases = {c.eval_id for c in plan.eval_set.eval_cases}
+        _select(plan, [m for m in metrics if m in known_metrics] if metrics else None,
+                _union(target.case_ids, [c for c in cases or [] if c in known_cases]))
+        if (metrics and not set(metrics) & known_metrics) or \
+                (cases and not target.case_ids and not set(cases) & known_cases):
+            continue
+        kept.append(plan)
+    return kept
+
+
+def plan_runs(agent_dir: str, evalsets: str | list[str], config: str | None, store_url: str,
+              metrics: list[str] | None = None, cases: list[str] | None = None,
+              repetitions: int = 1, agent_name: str | None = None,
+              initial_session_file: str | None = None) -> list[Plan]:
+    """One plan per eval set a run covers (:mod:`evalsnap.adk.targets`), in the order given.
+
+    ``initial_session_file`` is ``AgentEvaluator``'s: the session state of old-format
+    ``*.test.json`` files (an eval set file holds its own ``session_input``)."""
     if repetitions < 1:
         raise UsageError("--repetitions must be at least 1.")
     if not Path(agent_dir).is_dir():
         raise InputFileError(
             f"agent dir {agent_dir} does not exist; pass the directory of an ADK agent package.")
     agent_path = ensure_importable(agent_dir)
-    eval_set = load_eval_set(evalset)
-    config_path = config or default_config_path(evalset)
+    targets = resolve_targets(agent_path, [evalsets] if isinstance(evalsets, str) else evalsets,
+                              config)
+    initial_session = load_initial_session(initial_session_file)
+    eval_sets = [load_eval_set(t.path, initial_session=initial_session) for t in targets]
     # The agent package is trusted live code, as in ADK: imported before the config is
     # resolved, so that models and evaluators it registers are there for the config.
-    agent = load_agent(agent_dir)
-    loaded = load_config(config_path)
+    agent = load_agent(agent_dir, agent_name=agent_name)
+    configs: dict[Path | None, LoadedConfig] = {}
+    for target in targets:
+        if target.config_path not in configs:
+            configs[target.config_path] = load_config(target.config_path)
     store = repo.open_store(store_url)
     store.check()
-    plan = Plan(store_url=store.url, eval_set=eval_set, config=loaded, agent=agent,
-                repetitions=repetitions, sys_paths=[str(agent_path.parent)])
-    _select(plan, metrics, cases)
-    return plan
+    plans = [Plan(store_url=store.url, eval_set=eval_set, config=configs[target.config_path],
+                  agent=agent, agent_dir=str(agent.path), agent_name=agent_name,
+                  repetitions=repetitions, sys_paths=[str(agent_path.parent)])
+             for target, eval_set in zip(targets, eval_sets, strict=True)]
+    if len(plans) == 1:
+        _select(plans[0], metrics, _union(targets[0].case_ids, cases))
+        return plans
+    _check_distinct(plans, targets)
+    return _select_in_several(plans, targets, metrics, cases)
+
+
+def _check_distinct(plans: list[Plan], targets: list[EvalTarget]) -> None:
+    """Records, ``latest`` and ``diff`` go by eval set id: two files of one run may not share one."""
+    first: dict[str, Path] = {}
+    for plan, target in zip(plans, targets, strict=True):
+        set_id = plan.eval_set.eval_set_id
+        if set_id in first:
+            raise UsageError(f"{first[set_id]} and {target.path} have the same eval_set_id "
+                             f"{set_id!r}; records are kept per eval set, so give each file "
+                             "its own eval_set_id or run them separately.")
+        first[set_id] = target.path
 
 
 def resolve_snapshot(store: Any, ref: str) -> tuple[str, Snapshot]:
@@ -200,10 +269,17 @@ def _config_from_snapshot(snapshot: Snapshot) -> LoadedConfig:
 
 def plan_rescore(run_or_snapshot: str, store_url: str, evalset: str | None,
                  config: str | None, metrics: list[str] | None = None,
-                 cases: list[str] | None = None, sys_paths: list[str] | None = None) -> Plan:
+                 cases: list[str] | None = None, sys_paths: list[str] | None = None,
+                 agent_dir: str | None = None, agent_name: str | None = None) -> Plan:
     store = repo.open_store(store_url)
     store.check()
     snapshot_oid, snapshot = resolve_snapshot(store, run_or_snapshot)
+    if agent_dir is not None:
+        # ``--agent``: the user names the package (never the record); imported first, as for
+        # a run, so that what it registers is there for the config (it is never called)
+        root = str(ensure_importable(agent_dir).parent)
+        sys_paths = [*(sys_paths or []), *([] if root in (sys_paths or []) else [root])]
+        agent_dir = str(load_agent(agent_dir, agent_name=agent_name).path)
     if config is not None:
         # custom metrics live in the agent package, beside its test_config.json (as adk eval);
         # the edited eval set may live anywhere, so its parent alone is not enough
@@ -224,11 +300,16 @@ def plan_rescore(run_or_snapshot: str, store_url: str, evalset: str | None,
     new_ids = {c.eval_id for c in eval_set.eval_cases}
     frozen_ids = {c.eval_id for c in snapshot.cases}
     plan = Plan(store_url=store.url, eval_set=eval_set, config=loaded, source=run_or_snapshot,
+                agent_dir=agent_dir, agent_name=agent_name,
                 sys_paths=list(sys_paths or []),
                 skipped_cases=sorted(frozen_ids - new_ids),
                 uninferred_cases=sorted(new_ids - frozen_ids))
     _select(plan, metrics, cases)
     plan.case_ids = [c for c in plan.case_ids if c in frozen_ids]
+    if not plan.case_ids:
+        raise UsageError(f"none of the selected cases has frozen inference in {run_or_snapshot} "
+                         f"(it has {sorted(frozen_ids)}); rescore scores frozen inference only "
+                         "— run the agent on new cases with `evalsnap run`.")
     selected = set(plan.case_ids)
     plan.source_outcomes = [
         InferenceOutcome(eval_id=c.eval_id, repetition=c.repetition, oid=c.inference_oid,

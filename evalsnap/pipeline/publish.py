@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 from evalsnap.adk.inference import now_iso
 from evalsnap.errors import EvalsnapError
+from evalsnap.pipeline import efficiency
 from evalsnap.pipeline.outcomes import InferenceOutcome, UnitOutcome
 from evalsnap.records import (
     EvaluationRecord,
@@ -21,6 +22,8 @@ from evalsnap.records import (
     UnitRef,
     repo,
 )
+from evalsnap.records.record import ModelPrice, TokenCounts
+from storage import Store
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +75,63 @@ def explain_change(outcome: UnitOutcome, snapshot: Snapshot, parent_units: dict[
     return "new"
 
 
+def inference_ref(store: Store, outcome: InferenceOutcome, run_id: str) -> tuple[InferenceRef, int]:
+    """The record's entry for one inference, with ADK's efficiency metrics and the agent's
+    tokens (one read of the inference); and how many of this run's agent calls in it have
+    no recorded token usage."""
+    fresh = outcome.run_id == run_id
+    calls = outcome.model_calls if fresh else 0
+    ref = InferenceRef(
+        eval_id=outcome.eval_id, repetition=outcome.repetition, inference_oid=outcome.oid,
+        inference_fingerprint=outcome.fingerprint, status=outcome.status, reused=not fresh,
+        model_calls=calls)
+    try:
+        inference = repo.get_inference(store, outcome.oid)
+    except EvalsnapError as exc:
+        logger.warning("inference %s unreadable at publish (%s): no efficiency or tokens for "
+                       "%s", outcome.oid, exc, outcome.eval_id)
+        return ref, calls
+    by_model, reported = efficiency.agent_tokens_by_model(inference)
+    return ref.model_copy(update={
+        "efficiency": efficiency.efficiency_of(inference),
+        "tokens": efficiency.total(by_model.values()), "tokens_by_model": by_model,
+    }), max(0, calls - reported)
+
+
+def judge_spend(fresh: list[UnitOutcome]) -> tuple[dict[str, TokenCounts], int]:
+    """This run's judge tokens by model, as the scoring tasks counted them from the ledger
+    entries they wrote; and how many of those calls have no recorded token usage."""
+    by_model: dict[str, TokenCounts] = {}
+    for outcome in fresh:
+        efficiency.merge_by_model(by_model, outcome.judge_tokens)
+    return by_model, sum(o.judge_unreported for o in fresh)
+
+
+def token_summary(inf_refs: list[InferenceRef], agent_unreported: int,
+                  judge_by_model: dict[str, TokenCounts], judge_unreported: int,
+                  judge_calls: int, prices: dict[str, ModelPrice] | None) -> dict[str, Any]:
+    """The RunSummary fields of tokens and cost: what this run spent, and what the
+    inference the record scores cost whoever ran it."""
+    fresh = [r for r in inf_refs if not r.reused]
+    agent_by_model: dict[str, TokenCounts] = {}
+    for r in fresh:
+        efficiency.merge_by_model(agent_by_model, r.tokens_by_model)
+    agent_calls = sum(r.model_calls for r in fresh)
+    model_tokens = dict(agent_by_model)
+    efficiency.merge_by_model(model_tokens, judge_by_model)
+    cost, used, note = efficiency.estimate_cost(model_tokens, prices,
+                                                agent_unreported + judge_unreported)
+    return {
+        "agent_tokens": efficiency.ZERO if agent_calls == 0
+        else efficiency.total(agent_by_model.values()),
+        "judge_tokens": efficiency.ZERO if judge_calls == 0
+        else efficiency.total(judge_by_model.values()),
+        "inference_tokens": efficiency.total(r.tokens for r in inf_refs),
+        "model_tokens": dict(sorted(model_tokens.items())),
+        "estimated_cost": cost, "prices": used, "cost_note": note,
+    }
+
+
 class PublishRequest(BaseModel):
     """What the publish task is asked to do."""
 
@@ -90,6 +150,8 @@ class PublishRequest(BaseModel):
     uninferred_cases: list[str] = []
     agent_dir: str | None = None
     """Where a local store's ADK history copy goes (``AGENT_DIR/.adk/eval_history``)."""
+    prices: dict[str, ModelPrice] | None = None
+    """The config's ``evalsnapPrices`` (None: no table), for the estimated cost only."""
 
 
 def publish_request(req: PublishRequest) -> tuple[str, EvaluationRecord]:
@@ -100,14 +162,16 @@ def publish_request(req: PublishRequest) -> tuple[str, EvaluationRecord]:
                    snapshot_oid=req.snapshot_oid, inference=req.inference, units=req.units,
                    reuse=req.reuse, force=req.force, source=req.source,
                    skipped_cases=req.skipped_cases, uninferred_cases=req.uninferred_cases,
-                   history_writer=history_writer(req.store_url, req.agent_dir))
+                   history_writer=history_writer(req.store_url, req.agent_dir),
+                   prices=req.prices)
 
 
 def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
             inference: list[InferenceOutcome], units: list[UnitOutcome], reuse: bool,
             force: bool, source: str | None = None, skipped_cases: list[str] | None = None,
             uninferred_cases: list[str] | None = None,
-            history_writer: Any = None) -> tuple[str, EvaluationRecord]:
+            history_writer: Any = None,
+            prices: dict[str, ModelPrice] | None = None) -> tuple[str, EvaluationRecord]:
     """Writes the record, points indexes at it, then writes the run manifest last."""
     store = repo.open_store(store_url)
     snapshot = repo.get_snapshot(store, snapshot_oid)
@@ -155,20 +219,24 @@ def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
             reused_from_record=record_of_reuse if reused and readable(record_of_reuse) else None,
             why="reused" if reused else explain_change(o, snapshot, parent_units,
                                                        parent_snapshot)))
-    inf_refs = [InferenceRef(
-        eval_id=i.eval_id, repetition=i.repetition, inference_oid=i.oid,
-        inference_fingerprint=i.fingerprint, status=i.status, reused=i.run_id != run_id,
-        model_calls=i.model_calls if i.run_id == run_id else 0) for i in inference]
+    inf_refs, agent_unreported = [], 0
+    for i in inference:
+        ref, unreported = inference_ref(store, i, run_id)
+        inf_refs.append(ref)
+        agent_unreported += unreported
     fresh = [o for o in units if o.run_id == run_id]
+    judge_calls = sum(o.judge_calls for o in fresh)
+    judge_by_model, judge_unreported = judge_spend(fresh)
     statuses = [o.status for o in units]
     complete = all(o.complete for o in units) and all(i.status == "success" for i in inference)
     summary = RunSummary(
         complete=complete,
         passed=complete and all(s in ("PASSED", "INFORMATIONAL") for s in statuses),
-        agent_calls=sum(r.model_calls for r in inf_refs),
-        judge_calls=sum(o.judge_calls for o in fresh),
+        agent_calls=sum(r.model_calls for r in inf_refs), judge_calls=judge_calls,
         reused_units=len(units) - len(fresh), scored_units=len(fresh),
-        reused_judge_samples=sum(o.reused_judge_samples for o in fresh))
+        reused_judge_samples=sum(o.reused_judge_samples for o in fresh),
+        **token_summary(inf_refs, agent_unreported, judge_by_model, judge_unreported,
+                        judge_calls, prices))
     record = EvaluationRecord(
         run_id=run_id, kind=kind, eval_set_id=snapshot.eval_set_id,  # type: ignore[arg-type]
         app_name=snapshot.app_name, snapshot_oid=snapshot_oid, parent_record=parent_oid,

@@ -19,10 +19,10 @@ from pydantic import BaseModel, ConfigDict
 from evalsnap import settings
 from evalsnap.adk.config import LoadedConfig, resolve_config
 from evalsnap.errors import ConfigError
-from evalsnap.pipeline import ledger, progress, reuse
+from evalsnap.pipeline import efficiency, ledger, progress, reuse
 from evalsnap.pipeline.outcomes import UnitOutcome
-from evalsnap.pipeline.unit import score_unit
-from evalsnap.records import FrozenCase, MetricRule, ScoreUnit, repo
+from evalsnap.pipeline.unit import not_evaluated, score_unit
+from evalsnap.records import FrozenCase, LedgerEntry, MetricRule, ScoreUnit, repo
 
 
 class ScoreRequest(BaseModel):
@@ -43,6 +43,10 @@ class ScoreRequest(BaseModel):
     config_json: str
     config_where: str
     sys_paths: list[str]
+    agent_dir: str | None = None
+    """The agent package, imported before the config is resolved (what it registers —
+    models, evaluators — is there for the metrics, in whatever process scores)."""
+    agent_name: str | None = None
     run_id: str
     reuse: bool
     force: bool
@@ -81,19 +85,30 @@ def units_in_flight(rule: MetricRule, concurrency: int) -> int:
     return concurrency
 
 
-def _outcome(unit: ScoreUnit, oid: str, why: str, reused_judge_samples: int = 0) -> UnitOutcome:
+def _outcome(unit: ScoreUnit, oid: str, why: str, reused_judge_samples: int = 0,
+             entries: list[LedgerEntry] | None = None) -> UnitOutcome:
+    judge_tokens, unreported = efficiency.judge_tokens_by_model(entries or [])
     return UnitOutcome(
         eval_id=unit.eval_id, repetition=unit.repetition, metric_name=unit.metric_name,
         unit_oid=oid, unit_fingerprint=unit.unit_fingerprint,
         case_fingerprint=unit.case_fingerprint, rule_fingerprint=unit.rule_fingerprint,
         complete=unit.complete, status=unit.status, score=unit.score,
         judge_calls=unit.judge_calls, reused_judge_samples=reused_judge_samples,
-        run_id=unit.run_id, why=why)
+        judge_tokens=judge_tokens, judge_unreported=unreported, run_id=unit.run_id, why=why)
+
+
+def import_agent(agent_dir: str | None, agent_name: str | None = None) -> None:
+    """Imports the agent package in this process, once (see :func:`pipeline.infer.agent_at`)."""
+    if agent_dir is not None:
+        from evalsnap.pipeline.infer import agent_at
+
+        agent_at(agent_dir, agent_name)
 
 
 async def score_metric_async(req: ScoreRequest,
                              on_unit: Callable[[], None] | None = None) -> list[UnitOutcome]:
     ensure_paths(req.sys_paths)
+    import_agent(req.agent_dir, req.agent_name)
     store = repo.open_store(req.store_url)
     snapshot = repo.get_snapshot(store, req.snapshot_oid)
     rule = snapshot.rule(req.metric_name)
@@ -126,15 +141,37 @@ async def score_metric_async(req: ScoreRequest,
                                               judge_source=judge_source,
                                               inference_is_private=True)
         reused_samples = 0
+        entries: list[LedgerEntry] = []
         if recorder is not None:
             # every judge call, live or answered from the ledger, becomes a ledger entry
             entries = ledger.entries_for(recorder, rule, frozen, req.run_id)
             unit = unit.model_copy(update={"ledger": ledger.write_entries(store, entries)})
             reused_samples = recorder.reused_samples
-        return _outcome(unit, repo.put(store, unit), why, reused_samples)
+        return _outcome(unit, repo.put(store, unit), why, reused_samples, entries)
 
     cases = [c for c in snapshot.cases if req.case_ids is None or c.eval_id in req.case_ids]
     return list(await asyncio.gather(*(one(c) for c in cases)))
+
+
+def units_lost(req: ScoreRequest, reason: str) -> list[UnitOutcome]:
+    """A metric whose scoring process died (a metric's ``os._exit``, the OOM killer): each of
+    its units is reused where reuse allows and is otherwise NOT_EVALUATED with ``reason`` —
+    incomplete, so never reused, and scored again by the next run."""
+    store = repo.open_store(req.store_url)
+    snapshot = repo.get_snapshot(store, req.snapshot_oid)
+    rule = snapshot.rule(req.metric_name)
+    outcomes = []
+    for frozen in snapshot.cases:
+        if req.case_ids is not None and frozen.eval_id not in req.case_ids:
+            continue
+        reused, why = reuse.reusable_unit(store, rule, frozen, reuse=req.reuse, force=req.force)
+        if reused is None:
+            unit = not_evaluated(rule, frozen, req.run_id, reason)
+            reused = _outcome(unit, repo.put(store, unit), why)
+        outcomes.append(reused)
+        progress.advance("scoring")
+    store.flush()
+    return outcomes
 
 
 def score_metric(req: ScoreRequest) -> list[UnitOutcome]:

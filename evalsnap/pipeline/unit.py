@@ -136,7 +136,7 @@ async def score_unit(
                                reference.final_session_state)
         result = await run_evaluator(evaluator, actual, expected,
                                      reference.conversation_scenario, context)
-    except Exception as exc:
+    except USER_CODE_ERRORS as exc:
         return _judge_trace(not_evaluated(
             rule, frozen, run_id, f"metric raised {type(exc).__name__}: {exc}", len(actual)),
             rule, recorder), recorder
@@ -147,6 +147,14 @@ async def score_unit(
             rule, recorder), recorder
     unit = _unit_from_result(rule, frozen, run_id, result, len(actual), recorder)
     return _judge_trace(unit, rule, recorder), recorder
+
+
+#: What user code (a metric, a judge model) may raise, and that ends only its unit. Beyond
+#: ``Exception``: ``SystemExit``, ``KeyboardInterrupt`` or ``GeneratorExit`` raised *by the
+#: metric*. In the CLI's process scoring runs on task-runner threads, where a real Ctrl-C
+#: never lands (it interrupts the main thread, which ends the run).
+#: ``asyncio.CancelledError`` is not caught: cancelling the run must cancel the unit.
+USER_CODE_ERRORS = (Exception, SystemExit, KeyboardInterrupt, GeneratorExit)
 
 
 def _calls(recorder: JudgeRecorder | None) -> int:

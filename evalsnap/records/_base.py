@@ -1,4 +1,10 @@
-"""Shared base for stored records: versioned, strict, frozen, typed errors on load."""
+"""Shared base for stored records: versioned, strict, frozen, typed errors on load.
+
+:func:`parse_stored` is the one parse of bytes read back from a store (objects, manifests,
+index entries, ADK result files): whatever is wrong with them (not UTF-8, not JSON, NaN,
+nesting too deep to parse, a number too long, bigger than the reader allows) is a
+:class:`~evalsnap.errors.CorruptRecordError`, never a crash.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +14,40 @@ from typing import Any, ClassVar, Self
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from evalsnap.errors import CorruptRecordError, UnsupportedSchemaVersion
+from evalsnap.jsonsafe import strict_json
 
-__all__ = ["CorruptRecordError", "StoredModel"]  # CorruptRecordError lives in evalsnap.errors
+__all__ = ["CorruptRecordError", "StoredModel", "first_problem", "parse_stored"]  # the error: evalsnap.errors
+
+#: What to do about a stored file that cannot be read, unless the caller knows better.
+VERIFY_ADVICE = ("run `evalsnap verify` to list every damaged file, delete this one and "
+                 "re-run the step that produced it")
+
+
+def parse_stored(data: bytes, *, what: str, limit: int | None = None,
+                 advice: str = VERIFY_ADVICE) -> Any:
+    """The JSON value of stored ``data`` (UTF-8, the rules of ``strict_json``).
+
+    ``what`` names the file in the error (its kind and id or path), ``limit`` is the most
+    bytes such a file can legitimately have, ``advice`` what to do about a bad one.
+    Raises :class:`CorruptRecordError` for every way the bytes can be wrong.
+    """
+    if limit is not None and len(data) > limit:
+        raise CorruptRecordError(
+            f"{what} is {len(data)} bytes, more than the {limit} such a file can have; {advice}.")
+    try:
+        return strict_json(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise _not_json(what, f"not UTF-8 text: {exc.reason} at byte {exc.start}", advice) from exc
+    except json.JSONDecodeError as exc:
+        raise _not_json(what, f"line {exc.lineno}, column {exc.colno}: {exc.msg}", advice) from exc
+    except ValueError as exc:  # strict_json's findings: NaN, surrogates, depth, long numbers
+        raise _not_json(what, str(exc), advice) from exc
+    except RecursionError as exc:  # strict_json re-encodes what it parsed: as deep again
+        raise _not_json(what, "it is nested too deeply", advice) from exc
+
+
+def _not_json(what: str, reason: str, advice: str) -> CorruptRecordError:
+    return CorruptRecordError(f"{what} is not valid JSON ({reason}); {advice}.")
 
 
 class StoredModel(BaseModel):
@@ -28,14 +66,10 @@ class StoredModel(BaseModel):
 
     @classmethod
     def from_bytes(cls, data: bytes, *, where: str = "") -> Self:
-        """Parses stored bytes; a newer schema raises ``UnsupportedSchemaVersion``."""
-        try:
-            raw: Any = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CorruptRecordError(
-                f"{cls.KIND} {where} is not valid JSON ({exc}); run `evalsnap verify`."
-            ) from exc
-        return cls.from_data(raw, where=where)
+        """Parses stored bytes; a newer schema raises ``UnsupportedSchemaVersion``, anything
+        else that is wrong with them ``CorruptRecordError``."""
+        return cls.from_data(parse_stored(data, what=f"{cls.KIND} {where}".strip()),
+                             where=where)
 
     @classmethod
     def from_data(cls, raw: Any, *, where: str = "") -> Self:
@@ -48,6 +82,13 @@ class StoredModel(BaseModel):
         except ValidationError as exc:
             raise CorruptRecordError(
                 f"{cls.KIND} {where} does not match schema v{cls.SCHEMA_VERSION}: "
-                f"{exc.errors()[0].get('msg')} at {exc.errors()[0].get('loc')}; "
-                "run `evalsnap verify` and rerun the command with --force."
+                f"{first_problem(exc)}; run `evalsnap verify` and rerun the command with --force."
             ) from exc
+
+
+def first_problem(exc: ValidationError) -> str:
+    """The first thing pydantic found wrong, and where, short enough for a message (the
+    location of a deeply nested problem is cut)."""
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first.get("loc", ())) or "the top level"
+    return f"{first.get('msg')} at {where if len(where) <= 120 else where[:117] + '...'}"

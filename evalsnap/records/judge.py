@@ -47,6 +47,11 @@ class LedgerEntry(StoredModel):
     rationale)."""
     parse_ok: bool = False
     """False when the call failed or the parser found no score/label in the answer."""
+    usage_metadata: dict[str, Any] | None = None
+    """Token usage the judge reported for this call (the response's usage metadata, JSON);
+    None when it reported none, the call raised, or the answer came from the ledger."""
+    model_version: str | None = None
+    """The model version the judge's response names, when it names one."""
     evaluator: str
     """Class path of the evaluator that asked."""
     aggregation_version: str

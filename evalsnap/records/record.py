@@ -32,6 +32,48 @@ class UnitRef(BaseModel):
     ``incomplete before``, ``no trusted version``; or ``reused``."""
 
 
+class TokenCounts(BaseModel):
+    """Tokens summed over model responses' usage metadata.
+
+    A count is None when no response reported it (unavailable, not zero). ``input_tokens``
+    is prompt plus tool-use prompt tokens and ``output_tokens`` candidates plus thoughts
+    tokens, as ADK's ``token_usage_v1`` counts them; ``total_tokens`` is their sum (a
+    response's own total where it reported neither). ``cached_tokens`` is part of the input,
+    ``thoughts_tokens`` part of the output.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    total_tokens: int | None = None
+    cached_tokens: int | None = None
+    thoughts_tokens: int | None = None
+
+
+class EfficiencyValue(BaseModel):
+    """One of ADK's informational efficiency metrics on one inference, as ADK computes it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    value: float | None = None
+    """ADK's overall value: the per-invocation average; None where ADK gives None (n/a)."""
+    status: str = "INFORMATIONAL"
+    """ADK's status: ``INFORMATIONAL``, or ``NOT_EVALUATED`` when the evaluator raised."""
+    details: dict[str, float | None] | None = None
+    """ADK's overall breakdown, where it gives one (``token_usage_v1``: token types;
+    ``invocation_duration_v1``: model, tool and framework seconds)."""
+
+
+class ModelPrice(BaseModel):
+    """Price of one model, per million tokens (``evalsnapPrices`` in test_config.json)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input_per_million: float
+    output_per_million: float
+
+
 class InferenceRef(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -43,6 +85,13 @@ class InferenceRef(BaseModel):
     reused: bool
     model_calls: int = 0
     """Agent model calls made by this run for this case (0 when reused)."""
+    efficiency: dict[str, EfficiencyValue] = Field(default_factory=dict)
+    """ADK's efficiency metrics of this inference, by metric name (none for a failed
+    inference, as ADK gives none, and in records written before they were computed)."""
+    tokens: TokenCounts | None = None
+    """The agent's tokens in this inference (whoever ran it); None when none was reported."""
+    tokens_by_model: dict[str, TokenCounts] = Field(default_factory=dict)
+    """``tokens`` by the model version the responses name (``<unreported>`` where none)."""
 
 
 class RunSummary(BaseModel):
@@ -55,6 +104,23 @@ class RunSummary(BaseModel):
     reused_units: int
     scored_units: int
     reused_judge_samples: int = 0
+    agent_tokens: TokenCounts | None = None
+    """Agent tokens spent by this run (zeros when it called no agent model; None when its
+    calls reported no usage, and in records written before tokens were counted)."""
+    judge_tokens: TokenCounts | None = None
+    """Judge tokens spent by this run (answers from the ledger cost none), as for
+    ``agent_tokens``."""
+    inference_tokens: TokenCounts | None = None
+    """Agent tokens of all the inference this record scores, reused inference included."""
+    model_tokens: dict[str, TokenCounts] = Field(default_factory=dict)
+    """This run's tokens, agent and judge, by model name: the names a price table uses."""
+    estimated_cost: float | None = None
+    """This run's tokens priced by the config's ``evalsnapPrices``; None when there is no
+    table, a model used has no price, or model calls reported no usage (``cost_note``)."""
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
+    """The prices the estimate used (the table's entries for the models this run used)."""
+    cost_note: str | None = None
+    """Why ``estimated_cost`` is None."""
 
 
 class EvaluationRecord(StoredModel):

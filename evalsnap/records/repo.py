@@ -7,6 +7,13 @@ Layout (under the store URL, see README "Store layout"):
 * ``v1/refs/index/inference/<hex>``   inference fingerprint → latest successful record
 * ``v1/refs/index/unit/<hex>``        unit fingerprint → latest complete unit
 * ``v1/refs/index/evalset/<id>``      eval set → latest record (parent of the next)
+* ``v1/refs/index/judge/<hex>``       judge request key # sample → the ledger entry answering it
+
+Every read goes through one parse (:func:`evalsnap.records._base.parse_stored`), so stored
+bytes that are wrong in any way are a typed error, never a crash. Indexes are only hints:
+an entry that does not parse, or is not the shape its index has (:data:`INDEXES`), counts
+as absent (logged), so one bad entry costs a recomputation, never a run. A manifest that
+cannot be read is skipped by ``latest`` and ``ls`` and reported by ``verify``.
 """
 
 from __future__ import annotations
@@ -17,9 +24,16 @@ import json
 import logging
 import re
 import threading
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from evalsnap.errors import EvalsnapError, NotFoundError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from evalsnap.errors import (
+    CorruptRecordError,
+    EvalsnapError,
+    NotFoundError,
+    UnsupportedSchemaVersion,
+)
 from evalsnap.records import (
     EvaluationRecord,
     InferenceRecord,
@@ -28,7 +42,9 @@ from evalsnap.records import (
     Snapshot,
     StoredModel,
 )
+from evalsnap.records._base import first_problem, parse_stored
 from storage import CorruptObjectError, ObjectNotFound, Store
+from storage.ids import OID_PATTERN
 
 logger = logging.getLogger(__name__)
 M = TypeVar("M", bound=StoredModel)
@@ -36,6 +52,9 @@ _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
 _stores: dict[tuple[str, str], Store] = {}
 _options: dict[str, dict[str, str]] = {}
 _lock = threading.Lock()
+#: A manifest that cannot be used as one: damaged, newer, or deleted since it was listed.
+UNREADABLE_MANIFEST = (CorruptRecordError, CorruptObjectError, UnsupportedSchemaVersion,
+                       NotFoundError)
 
 
 def configure_store(url: str, storage_options: dict[str, str] | None) -> None:
@@ -113,9 +132,10 @@ def get_inference(store: Store, oid: str) -> InferenceRecord:
 def _inference_run_id(url: str, oid: str) -> str:
     store = open_store(url)
     try:
-        run_id = json.loads(store.get_object(InferenceRecord.KIND, oid)).get("run_id")
-    except (ObjectNotFound, ValueError, AttributeError):
-        run_id = None
+        raw = parse_stored(store.get_object(InferenceRecord.KIND, oid), what=f"inference {oid}")
+    except (ObjectNotFound, CorruptRecordError):
+        raw = None
+    run_id = raw.get("run_id") if isinstance(raw, dict) else None
     if not isinstance(run_id, str):
         run_id = get_inference(store, oid).run_id  # the typed error, or the validated value
     return run_id
@@ -129,20 +149,80 @@ def inference_run_id(store: Store, oid: str) -> str:
     return _inference_run_id(store.url, oid)
 
 
-def _get_json_ref(store: Store, namespace: str, name: str) -> dict[str, Any] | None:
+# ---- indexes: small JSON refs, hints only ---------------------------------------------------
+
+#: The most bytes an index entry can have (they hold a few ids).
+MAX_INDEX_ENTRY_BYTES = 64 * 1024
+_Oid = Annotated[str, Field(pattern=OID_PATTERN.pattern)]
+
+
+class _IndexEntry(BaseModel):
+    """An index entry as read: exactly the types written, other keys ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+
+
+class InferenceIndexEntry(_IndexEntry):
+    oid: _Oid
+    run_id: str
+
+
+class UnitIndexEntry(_IndexEntry):
+    unit_oid: _Oid
+    run_id: str
+    record_oid: _Oid
+    complete: bool
+
+
+class EvalSetIndexEntry(_IndexEntry):
+    record_oid: _Oid
+    run_id: str
+
+
+class JudgeIndexEntry(_IndexEntry):
+    oid: _Oid
+
+
+#: Every index namespace and the shape of its entries.
+INDEXES: dict[str, type[_IndexEntry]] = {
+    "index/inference": InferenceIndexEntry,
+    "index/unit": UnitIndexEntry,
+    "index/evalset": EvalSetIndexEntry,
+    "index/judge": JudgeIndexEntry,
+}
+
+
+def parse_index_entry(namespace: str, data: bytes, *, where: str) -> dict[str, Any]:
+    """The entry ``data`` of index ``namespace`` as a dict; ``CorruptRecordError`` if it
+    does not parse or is not the shape of that index's entries."""
+    advice = "it counts as absent; delete it, or let the next run that computes it replace it"
+    raw = parse_stored(data, what=f"index entry {where}", limit=MAX_INDEX_ENTRY_BYTES,
+                       advice=advice)
+    try:
+        return INDEXES[namespace].model_validate(raw).model_dump()
+    except ValidationError as exc:
+        raise CorruptRecordError(
+            f"index entry {where} is not a {namespace} entry ({first_problem(exc)}); {advice}."
+        ) from exc
+
+
+def read_index_entry(store: Store, namespace: str, name: str) -> dict[str, Any] | None:
+    """The entry ``name`` of index ``namespace``, or None if there is none or it is unusable
+    (logged): an index is a hint, and a bad hint is no hint."""
     data = store.get_ref(namespace, name)
     if data is None:
         return None
     try:
-        value = json.loads(data)
-    except json.JSONDecodeError:
-        logger.warning("ignoring unreadable ref %s/%s in %s", namespace, name, store.url)
+        return parse_index_entry(namespace, data, where=f"{namespace}/{name}")
+    except CorruptRecordError as exc:
+        logger.warning("%s", exc)
         return None
-    return value if isinstance(value, dict) else None
 
 
-def _put_json_ref(store: Store, namespace: str, name: str, value: dict[str, Any]) -> None:
-    store.put_ref(namespace, name, json.dumps(value, sort_keys=True).encode())
+def write_index_entry(store: Store, namespace: str, name: str, value: dict[str, Any]) -> None:
+    """Replaces the entry ``name`` of index ``namespace`` (checked against its shape first)."""
+    entry = INDEXES[namespace].model_validate(value)
+    store.put_ref(namespace, name, json.dumps(entry.model_dump(), sort_keys=True).encode())
 
 
 # ---- inference index -------------------------------------------------------------------------
@@ -150,19 +230,19 @@ def _put_json_ref(store: Store, namespace: str, name: str, value: dict[str, Any]
 def inference_index_entry(store: Store, fingerprint: str) -> dict[str, Any] | None:
     """The inference index entry for ``fingerprint`` (whether to use it is
     :mod:`evalsnap.pipeline.reuse`'s business)."""
-    return _get_json_ref(store, "index/inference", hexof(fingerprint))
+    return read_index_entry(store, "index/inference", hexof(fingerprint))
 
 
 def index_inference(store: Store, record: InferenceRecord, oid: str) -> None:
     if record.ok:
-        _put_json_ref(store, "index/inference", hexof(record.inference_fingerprint),
-                      {"oid": oid, "run_id": record.run_id})
+        write_index_entry(store, "index/inference", hexof(record.inference_fingerprint),
+                          {"oid": oid, "run_id": record.run_id})
 
 
 # ---- unit index ------------------------------------------------------------------------------
 
 def unit_index_entry(store: Store, unit_fingerprint: str) -> dict[str, Any] | None:
-    return _get_json_ref(store, "index/unit", hexof(unit_fingerprint))
+    return read_index_entry(store, "index/unit", hexof(unit_fingerprint))
 
 
 def load_unit(store: Store, oid: str) -> ScoreUnit | None:
@@ -180,45 +260,63 @@ def index_unit(store: Store, unit_fingerprint: str, complete: bool, oid: str, ru
     """Points the unit key at this result, never replacing a complete one by an incomplete."""
     name = hexof(unit_fingerprint)
     if not complete:
-        current = _get_json_ref(store, "index/unit", name)
+        current = read_index_entry(store, "index/unit", name)
         if current and current.get("complete"):
             return
-    _put_json_ref(store, "index/unit", name, {
+    write_index_entry(store, "index/unit", name, {
         "unit_oid": oid, "run_id": run_id, "record_oid": record_oid, "complete": complete,
     })
 
 
 # ---- runs, records, eval set history ---------------------------------------------------------
 
-def write_manifest(store: Store, manifest: RunManifest) -> None:
+def manifest_checksum(manifest: RunManifest) -> str:
+    """sha256 of the manifest without its ``checksum`` field."""
     body = manifest.model_copy(update={"checksum": ""}).to_bytes()
-    checksum = "sha256:" + hashlib.sha256(body).hexdigest()
-    store.put_ref("runs", manifest.run_id, manifest.model_copy(update={"checksum": checksum})
-                  .to_bytes(), commit=True)
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def write_manifest(store: Store, manifest: RunManifest) -> None:
+    sealed = manifest.model_copy(update={"checksum": manifest_checksum(manifest)})
+    store.put_ref("runs", manifest.run_id, sealed.to_bytes(), commit=True)
 
 
 def read_manifest(store: Store, run_id: str) -> RunManifest:
+    """The manifest of ``run_id``, its checksum verified: ``NotFoundError`` if there is none,
+    ``CorruptRecordError`` / ``CorruptObjectError`` / ``UnsupportedSchemaVersion`` if it
+    cannot be used."""
     data = store.get_ref("runs", ref_name(run_id))
     if data is None:
         raise NotFoundError(f"run {run_id!r} is not in store {store.url}; "
                             "list runs with `evalsnap ls`.")
     manifest = RunManifest.from_bytes(data, where=f"runs/{run_id}")
-    body = manifest.model_copy(update={"checksum": ""}).to_bytes()
-    if manifest.checksum != "sha256:" + hashlib.sha256(body).hexdigest():
-        raise CorruptObjectError(f"{store.url}/v1/refs/runs/{run_id}", manifest.checksum,
-                                 "sha256:" + hashlib.sha256(body).hexdigest())
+    actual = manifest_checksum(manifest)
+    if manifest.checksum != actual:
+        raise CorruptObjectError(f"{store.url}/v1/refs/runs/{run_id}", manifest.checksum, actual)
     return manifest
 
 
 def list_manifests(store: Store) -> list[RunManifest]:
-    """All readable manifests, newest first (unreadable ones are `verify`'s business)."""
+    """All readable manifests, newest first (unreadable ones are logged and skipped: they are
+    `verify`'s business)."""
     out = []
     for name in store.list_refs("runs"):
         try:
             out.append(read_manifest(store, name))
-        except Exception as exc:  # noqa: BLE001 - listing must not die on one bad manifest
+        except UNREADABLE_MANIFEST as exc:
             logger.warning("skipping run %s: %s", name, exc)
     return sorted(out, key=lambda m: m.created_at, reverse=True)
+
+
+def _created_at(store: Store, name: str) -> str:
+    """A manifest's ``created_at``, read without validating it ("" if it has none)."""
+    data = store.get_ref("runs", name)
+    try:
+        raw = parse_stored(data, what=f"manifest runs/{name}") if data is not None else None
+    except CorruptRecordError:
+        return ""  # read_manifest says why, if it comes to that
+    created = raw.get("created_at") if isinstance(raw, dict) else None
+    return created if isinstance(created, str) else ""
 
 
 def latest_manifest(store: Store) -> RunManifest | None:
@@ -228,37 +326,35 @@ def latest_manifest(store: Store) -> RunManifest | None:
     its checksum takes ~20 ms: ``latest`` over 111 such runs took 2.4 s, a year of nightly
     runs would take ~8 s. Here each is only parsed for its ``created_at`` (0.2 s for the
     111); the newest are then validated in order until one reads (unreadable ones are
-    skipped, as by ``list_manifests``).
+    logged and skipped, as by ``list_manifests``).
     """
-    dated: list[tuple[str, str]] = []
-    for name in store.list_refs("runs"):
-        try:
-            created = json.loads(store.get_ref("runs", name) or b"{}").get("created_at")
-        except (ValueError, AttributeError):
-            created = None
-        dated.append((created if isinstance(created, str) else "", name))
-    for _, name in sorted(dated, reverse=True):
+    dated = sorted(((_created_at(store, name), name) for name in store.list_refs("runs")),
+                   reverse=True)
+    for _, name in dated:
         try:
             return read_manifest(store, name)
-        except Exception as exc:  # noqa: BLE001 - as list_manifests: skip a bad manifest
+        except UNREADABLE_MANIFEST as exc:
             logger.warning("skipping run %s: %s", name, exc)
     return None
 
 
 def latest_record_for(store: Store, eval_set_id: str) -> str | None:
-    entry = _get_json_ref(store, "index/evalset", ref_name(eval_set_id))
+    entry = read_index_entry(store, "index/evalset", ref_name(eval_set_id))
     return entry.get("record_oid") if entry else None
 
 
 def set_latest_record(store: Store, eval_set_id: str, record_oid: str, run_id: str) -> None:
-    _put_json_ref(store, "index/evalset", ref_name(eval_set_id),
-                  {"record_oid": record_oid, "run_id": run_id})
+    write_index_entry(store, "index/evalset", ref_name(eval_set_id),
+                      {"record_oid": record_oid, "run_id": run_id})
 
 
 def resolve_record(store: Store, ref: str) -> tuple[str, EvaluationRecord]:
     """A record by run id, record id (``sha256:…`` or a unique hex prefix ≥ 8), or ``latest``."""
     if ref == "latest":
         manifest = latest_manifest(store)
+        if manifest is None and store.list_refs("runs"):
+            raise NotFoundError(f"no run in store {store.url} can be read (each is named "
+                                "above); run `evalsnap verify` to list what is damaged.")
         if manifest is None:
             raise NotFoundError(f"store {store.url} holds no runs yet; run `evalsnap run` first.")
         oid = manifest.record_oid

@@ -54,6 +54,42 @@ def case_verdicts(result: dict[str, Any]) -> dict[str, int]:
     return counts
 
 
+def efficiency_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per ADK efficiency metric: mean, min and max over the cases that have a value."""
+    values: dict[str, list[float]] = {}
+    for case in result["cases"]:
+        for name, metric in (case.get("efficiency") or {}).items():
+            found = values.setdefault(name, [])
+            if metric.get("value") is not None:
+                found.append(metric["value"])
+    return [{"metric": name, "cases": len(vs),
+             "mean": sum(vs) / len(vs) if vs else None,
+             "min": min(vs) if vs else None, "max": max(vs) if vs else None}
+            for name, vs in values.items()]
+
+
+def _num(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.3f}".rstrip("0").rstrip(".")
+
+
+def _tokens_lines(result: dict[str, Any]) -> list[str]:
+    """Rows of tokens and cost for the summary table, then ADK's efficiency metrics."""
+    from evalsnap.reports.summary import cost_text, tokens_text
+
+    lines = [f"| agent tokens spent now | {tokens_text(result.get('agent_tokens'))} |",
+             f"| judge tokens spent now | {tokens_text(result.get('judge_tokens'))} |",
+             "| agent tokens of the inference scored | "
+             f"{tokens_text(result.get('inference_tokens'))} |",
+             f"| estimated cost | {cost_text(result)} |"]
+    rows = efficiency_rows(result)
+    if rows:
+        lines += ["", "Efficiency (ADK's informational metrics; per case, the per-turn average):",
+                  "", "| metric | mean | min | max | cases |", "| --- | ---: | ---: | ---: | ---: |"]
+        lines += [f"| {r['metric']} | {_num(r['mean'])} | {_num(r['min'])} | {_num(r['max'])} "
+                  f"| {r['cases']} |" for r in rows]
+    return lines
+
+
 def summary_markdown(result: dict[str, Any], store_url: str | None = None) -> str:
     """The run at a glance: verdict, case counts, reuse, model calls, ids to look up."""
     verdict = ("PASSED" if result["passed"] else "NOT PASSED") + \
@@ -74,6 +110,7 @@ def summary_markdown(result: dict[str, Any], store_url: str | None = None) -> st
         f"| agent model calls | {result['agent_calls']} |",
         f"| judge model calls | {result['judge_calls']} |",
         f"| judge samples answered from the ledger | {result['reused_judge_samples']} |",
+        *_tokens_lines(result),
         "",
         f"* record: `{result['record_id']}`",
         f"* snapshot: `{result['snapshot_id']}`",

@@ -52,8 +52,15 @@ async def _replay_unit(store: Store, snapshot: Snapshot, rule: MetricRule, regis
     return new, {e.aggregation_version for e in entries}
 
 
-async def replay(store: Store, ref: str) -> dict[str, Any]:
-    """The summary of ``ref`` recomputed from its ledger; ``judge_calls`` is 0."""
+async def replay(store: Store, ref: str, agent_dir: str | None = None) -> dict[str, Any]:
+    """The summary of ``ref`` recomputed from its ledger; ``judge_calls`` is 0.
+
+    ``agent_dir`` (``--agent``) is imported first, as a run imports it: the user names the
+    package, the record never does."""
+    if agent_dir is not None:
+        from evalsnap.pipeline.score import import_agent
+
+        import_agent(agent_dir)
     record_oid, record = repo.resolve_record(store, ref)
     if record.snapshot_oid is None:
         raise ReplayUnavailableError(f"record {record_oid} was imported from ADK history; "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from evalsnap.records import EvaluationRecord, ScoreUnit, repo
+from evalsnap.reports.summary import case_efficiency, run_tokens
 
 
 def _ledger(store: Any, oids: list[str]) -> list[dict[str, Any]]:
@@ -50,11 +51,13 @@ def full_record(store: Any, record_oid: str, record: EvaluationRecord) -> dict[s
             "final_session_state": inference.final_session_state,
             "reference": fc.reference if fc else None,
             "case_fingerprint": fc.case_fingerprint if fc else None,
+            **case_efficiency(inf),
             "metrics": metrics,
         })
     return {
         "record_id": record_oid,
         "record": record.model_dump(mode="json"),
+        **run_tokens(record),
         "snapshot": {"snapshot_id": record.snapshot_oid,
                      "rules": [r.model_dump(mode="json") for r in snapshot.rules]
                      if snapshot else []},

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from evalsnap.records import EvaluationRecord, ScoreUnit, repo
+from evalsnap.records import EvaluationRecord, InferenceRef, ScoreUnit, repo
+from evalsnap.records.record import TokenCounts
 
 EXIT_OK, EXIT_QUALITY, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 
@@ -27,7 +28,8 @@ def summary(store: Any, record_oid: str, record: EvaluationRecord,
     for inf in record.inference:
         cases[(inf.eval_id, inf.repetition)] = {
             "eval_id": inf.eval_id, "repetition": inf.repetition,
-            "inference": inf.status, "inference_reused": inf.reused, "metrics": {}}
+            "inference": inf.status, "inference_reused": inf.reused, "metrics": {},
+            **case_efficiency(inf)}
     for ref in record.units:
         unit = units[ref.unit_oid]
         entry = cases.setdefault((ref.eval_id, ref.repetition), {
@@ -49,8 +51,55 @@ def summary(store: Any, record_oid: str, record: EvaluationRecord,
         "complete": s.complete, "passed": s.passed, "exit_code": exit_code(record),
         "skipped_cases": record.skipped_cases, "uninferred_cases": record.uninferred_cases,
         "adk_history_path": record.adk_history_path,
+        **run_tokens(record),
         "cases": list(cases.values()),
     }
+
+
+def _counts(counts: TokenCounts | None) -> dict[str, int | None] | None:
+    return counts.model_dump() if counts is not None else None
+
+
+def case_efficiency(inf: InferenceRef) -> dict[str, Any]:
+    """A case's ADK efficiency metrics (informational) and its agent tokens."""
+    return {
+        "efficiency": {name: v.model_dump() for name, v in inf.efficiency.items()},
+        "tokens": _counts(inf.tokens),
+        "tokens_by_model": {m: c.model_dump() for m, c in inf.tokens_by_model.items()},
+    }
+
+
+def run_tokens(record: EvaluationRecord) -> dict[str, Any]:
+    """Tokens this run spent (agent, judge, by model), the record's inference tokens, and
+    the estimated cost (None without a price table or with a model it does not price)."""
+    s = record.summary
+    return {
+        "agent_tokens": _counts(s.agent_tokens), "judge_tokens": _counts(s.judge_tokens),
+        "inference_tokens": _counts(s.inference_tokens),
+        "model_tokens": {m: c.model_dump() for m, c in s.model_tokens.items()},
+        "estimated_cost": s.estimated_cost, "cost_note": s.cost_note,
+        "prices": {m: p.model_dump() for m, p in s.prices.items()},
+    }
+
+
+def tokens_text(counts: dict[str, Any] | None) -> str:
+    """A token count's total for people: ``1,234``, or ``—`` when none was reported."""
+    total = (counts or {}).get("total_tokens")
+    return "—" if total is None else f"{total:,}"
+
+
+def cost_text(result: dict[str, Any]) -> str:
+    """``0.001234``, or why there is no estimate."""
+    if result.get("estimated_cost") is not None:
+        return f"{result['estimated_cost']:.6f}"
+    return f"— ({result['cost_note']})" if result.get("cost_note") else "—"
+
+
+def tokens_caption(result: dict[str, Any]) -> str:
+    """This run's tokens and cost, one line (the table's caption, the artifact)."""
+    return (f"tokens this run: agent {tokens_text(result.get('agent_tokens'))}"
+            f" · judge {tokens_text(result.get('judge_tokens'))}"
+            f" · estimated cost {cost_text(result)}")
 
 
 def score_table(result: dict[str, Any]) -> Any:
@@ -66,6 +115,7 @@ def score_table(result: dict[str, Any]) -> Any:
     table.add_column("case")
     for name in metrics:
         table.add_column(name, justify="center")
+    table.add_column("agent tokens", justify="right")
     colors = {"PASSED": "green", "FAILED": "red", "NOT_EVALUATED": "yellow",
               "INFORMATIONAL": "blue"}
     for case in result["cases"]:
@@ -85,9 +135,10 @@ def score_table(result: dict[str, Any]) -> Any:
             if m["reused"]:
                 cell += " ↺"
             cells.append(cell)
-        table.add_row(label, *cells)
+        table.add_row(label, *cells, tokens_text(case.get("tokens")))
     table.caption = (f"agent calls {result['agent_calls']} · judge calls {result['judge_calls']}"
                      f" · scored {result['scored_units']} · reused {result['reused_units']} (↺)"
                      f" · {'complete' if result['complete'] else 'INCOMPLETE'}"
-                     f" · {'PASSED' if result['passed'] else 'NOT PASSED'}")
+                     f" · {'PASSED' if result['passed'] else 'NOT PASSED'}\n"
+                     f"{tokens_caption(result)}")
     return table

@@ -1,6 +1,6 @@
 """``evalsnap verify``: every object re-hashed and parsed, every run manifest followed.
 
-Three passes, each reporting findings instead of stopping at the first one:
+Four passes, each reporting findings instead of stopping at the first one:
 
 1. :meth:`storage.Store.verify` re-hashes every object file and flags stray files.
 2. Every object that hashes correctly is parsed as its record type (a correct hash of bytes
@@ -8,18 +8,22 @@ Three passes, each reporting findings instead of stopping at the first one:
 3. Every ref under ``runs/`` is read as a manifest: its checksum must hold, every object it
    lists must exist and be sound, and its record's links (snapshot, inference, units, judge
    ledger entries) must resolve to sound objects of the right kind.
+4. Every index entry must parse as an entry of its index (a bad one is harmless, it counts
+   as absent, but it is damage all the same).
+
+Every read goes through the one parse of stored bytes (``parse_stored``), so a file that is
+wrong in any way (not JSON, nested too deeply, not UTF-8, NaN) is a finding, never a crash.
 
 Plain Python, no Prefect; the CLI command is a thin wrapper in :mod:`evalsnap.cli.store`.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from evalsnap.errors import EvalsnapError
+from evalsnap.errors import CorruptRecordError, EvalsnapError
 from evalsnap.records import (
     EvaluationRecord,
     InferenceRecord,
@@ -28,6 +32,7 @@ from evalsnap.records import (
     ScoreUnit,
     Snapshot,
     StoredModel,
+    repo,
 )
 from storage import OBJECT_KINDS, Store
 
@@ -47,7 +52,7 @@ class Finding:
     """One thing wrong with the store."""
 
     kind: str
-    """Object kind, or ``manifest`` for a run manifest."""
+    """Object kind, ``manifest`` for a run manifest, ``index`` for an index entry."""
     location: str
     """URL of the object or ref that is wrong (or that points at something wrong)."""
     message: str
@@ -65,6 +70,8 @@ class VerifyReport:
     """Number of objects checked per kind."""
     runs: int = 0
     """Number of run manifests checked."""
+    index_entries: int = 0
+    """Number of index entries checked."""
     findings: list[Finding] = field(default_factory=list)
 
     @property
@@ -73,6 +80,7 @@ class VerifyReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {"store": self.store, "ok": self.ok, "objects": self.objects, "runs": self.runs,
+                "index_entries": self.index_entries,
                 "problems": [asdict(f) for f in self.findings]}
 
 
@@ -139,8 +147,7 @@ def _read_manifest(store: Store, name: str) -> tuple[RunManifest | None, str | N
         manifest = RunManifest.from_bytes(data, where=f"runs/{name}")
     except EvalsnapError as exc:
         return None, f"unreadable manifest: {exc}"
-    body = manifest.model_copy(update={"checksum": ""}).to_bytes()
-    actual = "sha256:" + hashlib.sha256(body).hexdigest()
+    actual = repo.manifest_checksum(manifest)
     if manifest.checksum != actual:
         return None, (f"manifest checksum is {manifest.checksum or 'missing'} but its content "
                       f"hashes to {actual}: the manifest is corrupt; the run it names cannot "
@@ -203,12 +210,27 @@ def _check_manifest(store: Store, name: str, objects: _Objects, report: VerifyRe
                 oid or None, name))
 
 
+def _check_indexes(store: Store, report: VerifyReport) -> None:
+    for namespace in repo.INDEXES:
+        for name in store.list_refs(namespace):
+            report.index_entries += 1
+            data = store.get_ref(namespace, name)
+            if data is None:
+                continue  # replaced or removed since the listing: nothing to check
+            try:
+                repo.parse_index_entry(namespace, data, where=f"{namespace}/{name}")
+            except CorruptRecordError as exc:
+                url = f"{store.url.rstrip('/')}/v1/refs/{namespace}/{name}"
+                report.findings.append(Finding("index", url, str(exc)))
+
+
 def verify_store(store: Store) -> VerifyReport:
-    """Checks every object and every run manifest of ``store``; never modifies it."""
+    """Checks every object, run manifest and index entry of ``store``; never modifies it."""
     report = VerifyReport(store.url)
     objects = _scan_objects(store, report)
     names = store.list_refs("runs")
     report.runs = len(names)
     for name in names:
         _check_manifest(store, name, objects, report)
+    _check_indexes(store, report)
     return report

@@ -1,0 +1,246 @@
+"""The Python API: ``evalsnap.evaluate`` and ``evalsnap.rescore``.
+
+Each runs the same Prefect flow as the command line, in this process (on the server
+``PREFECT_API_URL`` names, else on Prefect's temporary local API), and returns the
+``--json`` object as a :class:`RunResult`. Bad input raises the typed errors of
+:mod:`evalsnap.errors` (``UsageError``, ``EvalSetError``, ``ConfigError``, ...), exactly
+where the command line exits 2; a quality failure or an incomplete run is a result, not an
+exception (``result.passed``, ``result.complete``, ``result.exit_code``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from evalsnap import errors, settings
+
+__all__ = ["CaseResult", "MetricResult", "RecordResult", "RunResult", "Tokens", "evaluate",
+           "rescore", "run_flow"]
+
+
+class MetricResult(BaseModel):
+    """One unit: a metric on one case × repetition."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    score: float | None = None
+    status: str
+    """``PASSED``, ``FAILED``, ``NOT_EVALUATED`` or ``INFORMATIONAL`` (the gate's verdict)."""
+    metric_status: str | None = None
+    """The status the evaluator itself reported."""
+    gate_score: float | None = None
+    threshold: float | None = None
+    reused: bool = False
+    reused_from_record: str | None = None
+    reused_from_run: str | None = None
+    why: str = ""
+    reason: str | None = None
+    complete: bool = True
+    judge_calls: int = 0
+
+
+class Tokens(BaseModel):
+    """Token counts; a count is None when the model reported none (not zero)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    total_tokens: int | None = None
+    cached_tokens: int | None = None
+    thoughts_tokens: int | None = None
+
+
+class CaseResult(BaseModel):
+    """One case × repetition of a record."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    eval_id: str
+    repetition: int = 0
+    inference: str | None = None
+    """``success`` or ``failure``."""
+    inference_reused: bool | None = None
+    metrics: dict[str, MetricResult] = Field(default_factory=dict)
+    efficiency: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """ADK's informational efficiency metrics of the inference (``token_usage_v1``, …)."""
+    tokens: Tokens | None = None
+    """The agent's tokens over the case's turns."""
+
+
+class RecordResult(BaseModel):
+    """The record of one eval set (the ``--json`` object of a run over one eval set)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    run_id: str
+    kind: str
+    record_id: str
+    snapshot_id: str | None = None
+    parent_record: str | None = None
+    eval_set_id: str
+    agent_calls: int = 0
+    judge_calls: int = 0
+    reused_judge_samples: int = 0
+    reused_units: int = 0
+    scored_units: int = 0
+    complete: bool
+    passed: bool
+    exit_code: int
+    skipped_cases: list[str] = Field(default_factory=list)
+    uninferred_cases: list[str] = Field(default_factory=list)
+    adk_history_path: str | None = None
+    agent_tokens: Tokens | None = None
+    """Agent tokens this run spent (reused inference costs nothing)."""
+    judge_tokens: Tokens | None = None
+    """Judge tokens this run spent."""
+    estimated_cost: float | None = None
+    """This run's tokens priced by the config's ``evalsnapPrices``; None says why in
+    ``cost_note``."""
+    cost_note: str | None = None
+    cases: list[CaseResult] = Field(default_factory=list)
+
+
+class RunResult(BaseModel):
+    """What a run or rescore gave: one record per eval set, and the run's verdict."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    kind: str
+    complete: bool
+    passed: bool
+    exit_code: int
+    """0 passed, 1 a quality failure, 3 incomplete (the command line's exit code)."""
+    agent_calls: int = 0
+    judge_calls: int = 0
+    reused_units: int = 0
+    scored_units: int = 0
+    runs: list[RecordResult]
+    """One per eval set, in the order given."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_eval_set(cls, data: Any) -> Any:
+        # The --json object of a run over one eval set is that eval set's record itself.
+        if isinstance(data, dict) and "runs" not in data:
+            return {key: data.get(key) for key in (
+                "kind", "complete", "passed", "exit_code", "agent_calls", "judge_calls",
+                "reused_units", "scored_units")} | {"runs": [data]}
+        return data
+
+    @property
+    def cases(self) -> list[tuple[str, CaseResult]]:
+        """Every case of every record, with its eval set id."""
+        return [(r.eval_set_id, c) for r in self.runs for c in r.cases]
+
+    def problems(self) -> list[str]:
+        """One line per unit that did not pass, and per failed inference."""
+        lines = []
+        for set_id, case in self.cases:
+            label = f"{set_id}/{case.eval_id}" + (f" #{case.repetition}" if case.repetition else "")
+            if case.inference == "failure":
+                lines.append(f"{label}: inference failed")
+            for name, m in case.metrics.items():
+                if m.status in ("PASSED", "INFORMATIONAL"):
+                    continue
+                score = "no score" if m.score is None else f"score {m.score:.3f}"
+                need = "" if m.threshold is None else f", threshold {m.threshold:g}"
+                why = f": {m.reason}" if m.reason else ""
+                lines.append(f"{label} · {name}: {m.status} ({score}{need}){why}")
+        return lines
+
+
+class _TypedErrorsPrintedOnce(logging.Filter):
+    """Drops Prefect's traceback of a typed error (bad input found while the flow plans):
+    the flow run still ends Failed with the error, which reaches the caller once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, errors.EvalsnapError)
+
+
+def run_flow(flow_fn: Any, *, storage_options: dict[str, str] | None = None,
+             preload: list[str] | None = None,
+             progress: contextlib.AbstractContextManager[Any] | None = None,
+             **params: Any) -> dict[str, Any]:
+    """Runs a flow in this process, on the temporary API (started early) or the server
+    ``PREFECT_API_URL`` names; returns its result (the ``--json`` object)."""
+    from evalsnap import startup
+    from evalsnap.pipeline.runners import resolve_runner
+    from evalsnap.records import repo
+
+    startup.apply_defaults()
+    startup.prestart_ephemeral_api()  # a no-op if already started (the CLI starts it first)
+    params["task_runner"], params["dask_address"] = resolve_runner(params.get("task_runner"),
+                                                                   params.get("dask_address"))
+    repo.configure_store(params["store"], storage_options or {})
+    from prefect import settings as prefect_settings
+
+    logging.getLogger("google_adk").setLevel(logging.ERROR)
+    flow_runs = logging.getLogger("prefect.flow_runs")
+    if not any(isinstance(f, _TypedErrorsPrintedOnce) for f in flow_runs.filters):
+        flow_runs.addFilter(_TypedErrorsPrintedOnce())
+    # While the temporary API is still starting: first what the flow's start needs, then,
+    # in the background, what its metrics will (this thread is idle until the API answers).
+    startup.preload_flow_engine()
+    startup.preload(preload or [])
+    startup.wait_for_ephemeral_api()
+    heartbeat = getattr(prefect_settings, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY", None)
+    with progress or contextlib.nullcontext(), _no_heartbeat(prefect_settings, heartbeat):
+        result: dict[str, Any] = flow_fn(**params)
+        return result
+
+
+@contextlib.contextmanager
+def _no_heartbeat(prefect_settings: Any, heartbeat: Any) -> Iterator[None]:
+    """A sync flow run otherwise spends ~1 s joining its heartbeat thread."""
+    if heartbeat is None:
+        yield
+        return
+    with prefect_settings.temporary_settings({heartbeat: None}):
+        yield
+
+
+def evaluate(agent_dir: str, evalset: str | list[str], *, config: str | None = None,
+             store: str | None = None, storage_options: dict[str, str] | None = None,
+             reuse: bool = False, force: bool = False, metrics: list[str] | None = None,
+             cases: list[str] | None = None, repetitions: int = 1,
+             agent_name: str | None = None, initial_session_file: str | None = None,
+             concurrency: int = 8, task_runner: str | None = None,
+             dask_address: str | None = None) -> RunResult:
+    """``evalsnap run`` as a function: runs the agent, freezes, scores, publishes.
+
+    ``evalset`` takes what the command line takes (a file, ``FILE:ID,ID``, an eval set id
+    of the agent, a directory of ``*.test.json`` files, or a list of them).
+    """
+    from flows.evaluate import evaluate as evaluate_flow
+
+    return RunResult.model_validate(run_flow(
+        evaluate_flow, storage_options=storage_options, agent_dir=str(agent_dir),
+        evalset=evalset, config=config, store=store or settings.get().store, reuse=reuse,
+        force=force, metrics=metrics, cases=cases, repetitions=repetitions,
+        concurrency=concurrency, task_runner=task_runner, dask_address=dask_address,
+        agent_name=agent_name, initial_session_file=initial_session_file))
+
+
+def rescore(run_or_snapshot: str, *, evalset: str | None = None, config: str | None = None,
+            store: str | None = None, storage_options: dict[str, str] | None = None,
+            reuse: bool = False, force: bool = False, metrics: list[str] | None = None,
+            cases: list[str] | None = None, code_paths: list[str] | None = None,
+            agent: str | None = None, agent_name: str | None = None, concurrency: int = 8,
+            task_runner: str | None = None, dask_address: str | None = None) -> RunResult:
+    """``evalsnap rescore`` as a function: scores frozen inference again; never calls the
+    agent."""
+    from flows.rescore import rescore as rescore_flow
+
+    return RunResult.model_validate(run_flow(
+        rescore_flow, storage_options=storage_options, run_or_snapshot=run_or_snapshot,
+        evalset=evalset, config=config, store=store or settings.get().store, reuse=reuse,
+        force=force, metrics=metrics, cases=cases, code_paths=code_paths, agent=agent,
+        agent_name=agent_name, concurrency=concurrency, task_runner=task_runner,
+        dask_address=dask_address))
