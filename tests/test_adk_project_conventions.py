@@ -8,7 +8,6 @@ runs the real CLI (or the Python API, which runs the same flow).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests._adk_parity import local_eval_service, scores
 from tests.conftest import run_cli
 
 GATEWAY = Path(__file__).parent / "fixtures" / "adk_projects" / "gateway_agent"
@@ -60,17 +60,11 @@ def test_dask_workers_import_the_agent_package(project, tmp_path: Path):
 
 
 def test_scores_equal_adks_local_eval_service_on_the_same_inference(project):
-    from google.adk.evaluation.base_eval_service import (
-        EvaluateConfig,
-        EvaluateRequest,
-        InferenceResult,
-        InferenceStatus,
-    )
-    from google.adk.evaluation.eval_case import Invocation
+    import importlib
+    import sys
+
     from google.adk.evaluation.eval_config import EvalConfig, get_eval_metrics_from_config
     from google.adk.evaluation.eval_set import EvalSet
-    from google.adk.evaluation.in_memory_eval_sets_manager import InMemoryEvalSetsManager
-    from google.adk.evaluation.local_eval_service import LocalEvalService
     from google.adk.evaluation.metric_evaluator_registry import (
         DEFAULT_METRIC_EVALUATOR_REGISTRY,
         register_custom_metrics_from_config,
@@ -78,35 +72,15 @@ def test_scores_equal_adks_local_eval_service_on_the_same_inference(project):
 
     shown = run_cli("show", project["cold"].json["record_id"], "--store",
                     str(project["store"]), "--json").json
-    import importlib
-    import sys
-
     sys.path.insert(0, str(project["agent"].parent))
     importlib.import_module("gateway_agent")  # as `adk eval` does: the agent first
     config = EvalConfig.model_validate_json((project["agent"] / "test_config.json").read_text())
     metrics = [m for m in get_eval_metrics_from_config(config) if m.metric_name in config.criteria]
     eval_set = EvalSet.model_validate_json(
         (project["agent"] / "gateway.evalset.json").read_text())
-    manager = InMemoryEvalSetsManager()
-    manager.create_eval_set("gateway_agent", eval_set.eval_set_id)
-    for case in eval_set.eval_cases:
-        manager.add_eval_case("gateway_agent", eval_set.eval_set_id, case)
-    results = [InferenceResult(
-        app_name="gateway_agent", eval_set_id=eval_set.eval_set_id, eval_case_id=c["eval_id"],
-        inferences=[Invocation.model_validate(i) for i in c["inference"]["invocations"]],
-        session_id="s", status=InferenceStatus.SUCCESS) for c in shown["cases"]]
-    service = LocalEvalService(
-        root_agent=None, eval_sets_manager=manager,  # type: ignore[arg-type]
-        metric_evaluator_registry=register_custom_metrics_from_config(
-            config, DEFAULT_METRIC_EVALUATOR_REGISTRY.fork()))
-
-    async def evaluate() -> list[Any]:
-        request = EvaluateRequest(inference_results=results,
-                                  evaluate_config=EvaluateConfig(eval_metrics=metrics))
-        return [r async for r in service.evaluate(request)]
-
-    adk = {(r.eval_id, m.metric_name): (m.score, m.eval_status.name)
-           for r in asyncio.run(evaluate()) for m in r.overall_eval_metric_results}
+    adk = scores(local_eval_service(
+        "gateway_agent", eval_set, shown["cases"], metrics,
+        register_custom_metrics_from_config(config, DEFAULT_METRIC_EVALUATOR_REGISTRY.fork())))
     ours = {(c["eval_id"], name): (m["score"], m["metric_status"])
             for c in shown["cases"] for name, m in c["metrics"].items()}
     assert len(adk) == 9 and ours == adk

@@ -7,7 +7,6 @@ against the usage the offline models report, and the cost against tokens x price
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests._adk_parity import local_eval_service
 from tests.conftest import SHOP, CliResult, run_cli
 
 AGENT_MODEL, JUDGE_MODEL = "offline-agent-v1", "offline-judge-v1"
@@ -81,40 +81,17 @@ def _live_judge_entries(shown: dict[str, Any]) -> list[dict[str, Any]]:
 def test_efficiency_values_equal_adk_local_eval_service(runs):
     """Same stored inference through ADK's LocalEvalService with the efficiency metrics ADK
     appends to every eval: same value, status and breakdown for each case."""
-    from google.adk.evaluation.base_eval_service import (
-        EvaluateConfig,
-        EvaluateRequest,
-        InferenceResult,
-        InferenceStatus,
-    )
-    from google.adk.evaluation.eval_case import Invocation
     from google.adk.evaluation.eval_config import append_default_efficiency_metrics
     from google.adk.evaluation.eval_set import EvalSet
-    from google.adk.evaluation.in_memory_eval_sets_manager import InMemoryEvalSetsManager
-    from google.adk.evaluation.local_eval_service import LocalEvalService
 
     shown = runs["shown"].json
     eval_set = EvalSet.model_validate_json(runs["evalset"].read_text())
-    manager = InMemoryEvalSetsManager()
-    manager.create_eval_set("shop_agent", eval_set.eval_set_id)
-    for case in eval_set.eval_cases:
-        manager.add_eval_case("shop_agent", eval_set.eval_set_id, case)
-    results = [InferenceResult(
-        app_name="shop_agent", eval_set_id=eval_set.eval_set_id, eval_case_id=c["eval_id"],
-        inferences=[Invocation.model_validate(i) for i in c["inference"]["invocations"]],
-        session_id="s", status=InferenceStatus.SUCCESS)
-        for c in shown["cases"] if c["inference"]["status"] == "success"]
-    service = LocalEvalService(root_agent=None, eval_sets_manager=manager)  # type: ignore[arg-type]
     metrics = append_default_efficiency_metrics([])
     assert {m.metric_name for m in metrics} == EFFICIENCY
-
-    async def evaluate() -> list[Any]:
-        request = EvaluateRequest(inference_results=results,
-                                  evaluate_config=EvaluateConfig(eval_metrics=metrics))
-        return [r async for r in service.evaluate(request)]
-
+    case_results = local_eval_service("shop_agent", eval_set, shown["cases"], metrics)
+    results = [c for c in shown["cases"] if c["inference"]["status"] == "success"]
     adk = {}
-    for case_result in asyncio.run(evaluate()):
+    for case_result in case_results:
         for m in case_result.overall_eval_metric_results:
             details = m.details.token_usage_details or m.details.duration_details
             adk[(case_result.eval_id, m.metric_name)] = {

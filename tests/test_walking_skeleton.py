@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import textwrap
@@ -10,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._adk_parity import local_eval_service, scores
 from tests.conftest import run_cli
 
 
@@ -122,17 +122,8 @@ def test_show_json_has_states_rows_and_reasons(demo):
 
 def test_parity_with_adk_local_eval_service(demo):
     """Same inference results through ADK's own evaluate: same score and status per metric."""
-    from google.adk.evaluation.base_eval_service import (
-        EvaluateConfig,
-        EvaluateRequest,
-        InferenceResult,
-        InferenceStatus,
-    )
-    from google.adk.evaluation.eval_case import Invocation
     from google.adk.evaluation.eval_config import EvalConfig, get_eval_metrics_from_config
     from google.adk.evaluation.eval_set import EvalSet
-    from google.adk.evaluation.in_memory_eval_sets_manager import InMemoryEvalSetsManager
-    from google.adk.evaluation.local_eval_service import LocalEvalService
     from google.adk.evaluation.metric_evaluator_registry import (
         DEFAULT_METRIC_EVALUATOR_REGISTRY,
         register_custom_metrics_from_config,
@@ -160,26 +151,7 @@ def test_parity_with_adk_local_eval_service(demo):
                if m.metric_name in config.criteria and m.metric_name != "final_state_match"
                and (m.metric_name in adk_names or m.metric_name in (config.custom_metrics or {}))]
     eval_set = EvalSet.model_validate_json(demo["evalset"].read_text())
-    manager = InMemoryEvalSetsManager()
-    manager.create_eval_set("shop_agent", eval_set.eval_set_id)
-    for case in eval_set.eval_cases:
-        manager.add_eval_case("shop_agent", eval_set.eval_set_id, case)
-    results = [InferenceResult(
-        app_name="shop_agent", eval_set_id=eval_set.eval_set_id, eval_case_id=c["eval_id"],
-        inferences=[Invocation.model_validate(i) for i in c["inference"]["invocations"]],
-        session_id="s", status=InferenceStatus.SUCCESS) for c in shown["cases"]]
-    service = LocalEvalService(root_agent=None, eval_sets_manager=manager,  # type: ignore[arg-type]
-                               metric_evaluator_registry=registry)
-
-    async def evaluate():
-        request = EvaluateRequest(inference_results=results,
-                                  evaluate_config=EvaluateConfig(eval_metrics=metrics))
-        return [r async for r in service.evaluate(request)]
-
-    adk = {}
-    for case_result in asyncio.run(evaluate()):
-        for m in case_result.overall_eval_metric_results:
-            adk[(case_result.eval_id, m.metric_name)] = (m.score, m.eval_status.name)
+    adk = scores(local_eval_service("shop_agent", eval_set, shown["cases"], metrics, registry))
     ours = {(c["eval_id"], name): (m["score"], m["metric_status"])
             for c in shown["cases"] for name, m in c["metrics"].items()
             if (c["eval_id"], name) in adk}
