@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
+
+#: What ``json.loads`` accepts that no JSON can hold again: a lone surrogate escape
+#: (``\\ud800``; a paired one matches too and passes the check) or a float that overflows to
+#: ``inf`` (a 3-digit exponent, or hundreds of digits). Only a text holding one of these is
+#: re-encoded to check it (a parse of stored bytes is on every reuse path).
+_NEEDS_CHECK = re.compile(r"\\u[dD][89a-fA-F]|[eE][+-]?\d{3}|\d{300}")
 
 
 def _no_constant(name: str) -> Any:
@@ -19,6 +26,8 @@ def strict_json(text: str) -> Any:
         raw = json.loads(text, parse_constant=_no_constant)
     except RecursionError:
         raise ValueError("it is nested too deeply") from None
+    if not _NEEDS_CHECK.search(text):
+        return raw
     try:
         json.dumps(raw, ensure_ascii=False, allow_nan=False).encode("utf-8")
     except UnicodeEncodeError:
