@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from evalsnap import errors, settings
+from evalsnap.records.record import TokenCounts
 
 __all__ = ["CaseResult", "MetricResult", "RecordResult", "RunResult", "Tokens", "evaluate",
            "rescore", "run_flow"]
@@ -44,16 +45,8 @@ class MetricResult(BaseModel):
     judge_calls: int = 0
 
 
-class Tokens(BaseModel):
-    """Token counts; a count is None when the model reported none (not zero)."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    total_tokens: int | None = None
-    cached_tokens: int | None = None
-    thoughts_tokens: int | None = None
+Tokens = TokenCounts
+"""Token counts; a count is None when the model reported none (not zero)."""
 
 
 class CaseResult(BaseModel):
