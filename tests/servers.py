@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -93,10 +94,12 @@ def _answers_http(url: str) -> bool:
         return False
 
 
-def _start(name: str, argv: list[str], base_url: str, health_url: str) -> Server:
+def _start(name: str, argv: list[str], base_url: str, health_url: str,
+           env: dict[str, str] | None = None) -> Server:
     log = tempfile.TemporaryFile()
     process = subprocess.Popen(
         argv,
+        env=env,
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -120,11 +123,14 @@ def moto_command(port: int) -> list[str]:
     return [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
 
 
-def start_moto(port: int | None = None) -> Server:
-    """Start moto's S3-compatible server on 127.0.0.1."""
+def start_moto(port: int | None = None, *, unauthenticated_calls: int | None = None) -> Server:
+    """Start moto's S3-compatible server on 127.0.0.1. With ``unauthenticated_calls``, moto
+    checks credentials after that many calls (it accepts any by default)."""
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
-    return _start("moto", moto_command(port), url, f"{url}/moto-api/data.json")
+    env = None if unauthenticated_calls is None else {
+        **os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(unauthenticated_calls)}
+    return _start("moto", moto_command(port), url, f"{url}/moto-api/data.json", env)
 
 
 def fake_gcs_binary() -> Path:

@@ -217,15 +217,7 @@ def test_unreachable_endpoint_exits_2_naming_the_url(agent: Path, protocol: str)
 @pytest.fixture(scope="module")
 def moto_with_auth() -> Iterator[Server]:
     """A moto server that checks credentials (it accepts any by default)."""
-    saved = os.environ.get("INITIAL_NO_AUTH_ACTION_COUNT")
-    os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
-    try:
-        server = start_moto()
-    finally:
-        if saved is None:
-            os.environ.pop("INITIAL_NO_AUTH_ACTION_COUNT", None)
-        else:
-            os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = saved
+    server = start_moto(unauthenticated_calls=0)
     try:
         yield server
     finally:

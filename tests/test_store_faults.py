@@ -16,7 +16,6 @@ local store; each test plants its damage in its own copy.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import stat
 import uuid
@@ -290,15 +289,7 @@ def moto_roles() -> Iterator[dict[str, Any]]:
     """moto checking credentials, with a bucket, a writer (s3:*) and a reader (get/list)."""
     import boto3
 
-    saved = os.environ.get("INITIAL_NO_AUTH_ACTION_COUNT")
-    os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = "3"  # the admin user's three calls below
-    try:
-        server: Server = start_moto()
-    finally:
-        if saved is None:
-            os.environ.pop("INITIAL_NO_AUTH_ACTION_COUNT", None)
-        else:
-            os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = saved
+    server: Server = start_moto(unauthenticated_calls=3)  # the admin user's three calls below
     try:
         where = {"endpoint_url": server.url, "region_name": "us-east-1"}
         iam = boto3.client("iam", aws_access_key_id="testing", aws_secret_access_key="testing",
