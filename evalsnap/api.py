@@ -185,8 +185,19 @@ def run_flow(flow_fn: Any, *, storage_options: dict[str, str] | None = None,
     startup.wait_for_ephemeral_api()
     heartbeat = getattr(prefect_settings, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY", None)
     with progress or contextlib.nullcontext(), _no_heartbeat(prefect_settings, heartbeat):
-        result: dict[str, Any] = flow_fn(**params)
-        return result
+        return flow_result(flow_fn(**params, return_state=True))
+
+
+def flow_result(state: Any) -> dict[str, Any]:
+    """The summary a flow run returned: also when the gate (``fail_on``) made it end
+    Failed, since the flow returns its ``Failed`` state with the summary as its data; an
+    exception the flow raised (a typed error) is raised here."""
+    if state.is_failed():
+        data = state.result(raise_on_failure=False)
+        if isinstance(data, dict) and "exit_code" in data:
+            return data
+    result: dict[str, Any] = state.result()
+    return result
 
 
 @contextlib.contextmanager
@@ -205,11 +216,15 @@ def evaluate(agent_dir: str, evalset: str | list[str], *, config: str | None = N
              cases: list[str] | None = None, repetitions: int = 1,
              agent_name: str | None = None, initial_session_file: str | None = None,
              concurrency: int = 8, task_runner: str | None = None,
-             dask_address: str | None = None) -> RunResult:
+             dask_address: str | None = None, baseline: str | None = None,
+             tolerance: float = 0.0, fail_on: str = "quality",
+             framework: str | None = None) -> RunResult:
     """``evalsnap run`` as a function: runs the agent, freezes, scores, publishes.
 
     ``evalset`` takes what the command line takes (a file, ``FILE:ID,ID``, an eval set id
-    of the agent, a directory of ``*.test.json`` files, or a list of them).
+    of the agent, a directory of ``*.test.json`` files, or a list of them). ``baseline``
+    (a run or record id, or ``latest``) adds regressions and fixes; ``fail_on`` sets
+    ``exit_code`` as ``--fail-on`` does (the result is returned either way).
     """
     from flows.evaluate import evaluate as evaluate_flow
 
@@ -218,7 +233,9 @@ def evaluate(agent_dir: str, evalset: str | list[str], *, config: str | None = N
         evalset=evalset, config=config, store=store or settings.get().store, reuse=reuse,
         force=force, metrics=metrics, cases=cases, repetitions=repetitions,
         concurrency=concurrency, task_runner=task_runner, dask_address=dask_address,
-        agent_name=agent_name, initial_session_file=initial_session_file))
+        agent_name=agent_name, initial_session_file=initial_session_file,
+        baseline=baseline or "", tolerance=tolerance, fail_on=fail_on,
+        framework=framework or ""))
 
 
 def rescore(run_or_snapshot: str, *, evalset: str | None = None, config: str | None = None,
@@ -226,9 +243,11 @@ def rescore(run_or_snapshot: str, *, evalset: str | None = None, config: str | N
             reuse: bool = False, force: bool = False, metrics: list[str] | None = None,
             cases: list[str] | None = None, code_paths: list[str] | None = None,
             agent: str | None = None, agent_name: str | None = None, concurrency: int = 8,
-            task_runner: str | None = None, dask_address: str | None = None) -> RunResult:
+            task_runner: str | None = None, dask_address: str | None = None,
+            baseline: str | None = None, tolerance: float = 0.0,
+            fail_on: str = "quality") -> RunResult:
     """``evalsnap rescore`` as a function: scores frozen inference again; never calls the
-    agent."""
+    agent (``baseline`` and ``fail_on`` as for :func:`evaluate`)."""
     from flows.rescore import rescore as rescore_flow
 
     return RunResult.model_validate(run_flow(
@@ -236,4 +255,5 @@ def rescore(run_or_snapshot: str, *, evalset: str | None = None, config: str | N
         evalset=evalset, config=config, store=store or settings.get().store, reuse=reuse,
         force=force, metrics=metrics, cases=cases, code_paths=code_paths, agent=agent,
         agent_name=agent_name, concurrency=concurrency, task_runner=task_runner,
-        dask_address=dask_address))
+        dask_address=dask_address, baseline=baseline or "", tolerance=tolerance,
+        fail_on=fail_on))

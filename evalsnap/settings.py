@@ -60,6 +60,22 @@ class Settings(BaseSettings):
                                 "comma-separated")
     retries: int | None = Field(
         None, ge=0, description="Retries of an inference task (default: one per retry delay)")
+    agent_call_timeout: float = Field(
+        120.0, gt=0, description="Seconds one agent model call may take; past it the case's "
+                                 "inference fails (and is retried as failed inferences are)")
+    inference_timeout: float = Field(
+        900.0, gt=0, description="Seconds the whole inference of one case may take (every "
+                                 "turn, tool and model call)")
+    judge_call_timeout: float = Field(
+        120.0, gt=0, description="Seconds one judge model call may take; past it the call "
+                                 "is retried, then the unit is NOT_EVALUATED")
+    metric_timeout: float = Field(
+        600.0, gt=0, description="Seconds one unit (one metric on one case, judge retries "
+                                 "included) may take; per metric: `evalsnapTimeouts` in the "
+                                 "config")
+    store_timeout: float = Field(
+        10.0, gt=0, description="Seconds one small store call may take (transfers and "
+                                "listings get more); Prefect's result storage uses the store")
     lazy_imports: bool = Field(
         True, description="Defer ADK's heavy optional imports (Vertex SDK, pandas, nltk) "
                           "until a metric uses them")

@@ -359,8 +359,13 @@ def preload(metric_names: list[str]) -> threading.Thread | None:
 def install(names: tuple[str, ...] = LAZY_MODULES) -> list[str]:
     """Registers each module as a :class:`DeferredModule`; returns the names it registered."""
     from evalsnap import settings
+    from evalsnap.errors import UsageError
 
-    if not settings.get().lazy_imports:
+    try:
+        lazy = settings.get().lazy_imports
+    except UsageError:  # a bad EVALSNAP_* value: the command reports it (exit 2), not the import
+        lazy = True
+    if not lazy:
         return []
     done = []
     for name in names:

@@ -1,31 +1,60 @@
-"""The nightly evaluation flow: inference → freeze → score → publish."""
+"""The nightly evaluation flow: inference → freeze → score → publish, then the gate."""
 
 from __future__ import annotations
 
-import datetime as dt
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from prefect import flow
 from prefect.runtime import flow_run
-from pydantic import Field
+from pydantic import Field, WithJsonSchema
 
 from evalsnap.pipeline import runners
 from evalsnap.pipeline.plan import Plan, RunOptions, plan_runs
 from evalsnap.reports.artifacts import RunProgress
+from evalsnap.reports.regressions import FailOn
 from evalsnap.reports.suite import combined
 from tasks import freeze_task, publish_task, run_inference, run_scoring, scoring_pool
-from tasks.support import as_data, tag_flow_run, with_parameter_docs
+from tasks.support import (
+    Names,
+    Text,
+    absolute,
+    absolute_evalset,
+    as_data,
+    finish,
+    names,
+    rename_flow_run,
+    run_name,
+    tag_flow_run,
+    with_parameter_docs,
+)
 
 DEFAULT_STORE = ".evalsnap"
+#: Where relative paths of a deployment's parameters start (said in every path's help).
+RELATIVE = "relative paths start at the flow run's working directory (a deployment's: the project directory)"
+RunnerChoice = Literal["default", "threads", "dask"]
+FAIL_ON_HELP = ("When the flow run ends Failed (after the record is published): quality = a "
+                "quality failure or an incomplete run (the CLI's exit code), incomplete = only "
+                "an incomplete run, regression = only a regression against the baseline, never")
+BASELINE_HELP = ("Compare with this earlier run or record of the same eval set and list "
+                 "regressions and fixes; 'latest' = the newest full run of the eval set; "
+                 "empty: no comparison")
+TOLERANCE_HELP = ("With a baseline: a score drop of more than this also counts as a regression "
+                  "(0: only PASSED → FAILED and complete → incomplete do)")
+
+
+def _evalset_label(given: Any) -> str:
+    first = str(given[0] if isinstance(given, list) and given else given or "eval")
+    label = first.split(":")[0].rstrip("/").rsplit("/", 1)[-1]
+    label = label.removesuffix(".evalset.json").removesuffix(".test.json").removesuffix(".json")
+    return label + (f"+{len(given) - 1}" if isinstance(given, list) and len(given) > 1 else "")
 
 
 def _run_name() -> str:
     params = flow_run.parameters or {}
-    given = params.get("evalset", "eval")
-    first = str(given[0] if isinstance(given, list) and given else given)
-    evalset = first.split(":")[0].rstrip("/").rsplit("/", 1)[-1].removesuffix(".evalset.json")
-    more = f"+{len(given) - 1}" if isinstance(given, list) and len(given) > 1 else ""
-    return f"{evalset}{more}-{dt.datetime.now(dt.UTC):%Y-%m-%d-%H%M}"
+    evalset = params.get("evalset", "eval")
+    subset = bool(params.get("cases") or params.get("metrics")) or any(
+        ":" in str(e) for e in (evalset if isinstance(evalset, list) else [evalset]))
+    return run_name(_evalset_label(evalset), not subset)
 
 
 @flow(name="evalsnap-evaluate", flow_run_name=_run_name, log_prints=False,
@@ -33,46 +62,65 @@ def _run_name() -> str:
 @with_parameter_docs
 def evaluate(
     agent_dir: Annotated[str, Field(description=(
-        "ADK agent package directory (exposes root_agent, app or get_agent_async)"))],
-    evalset: Annotated[str | list[str], Field(description=(
-        "Eval set(s), as adk eval names them: an .evalset.json file, FILE:ID,ID, an eval "
-        "set id of the agent, or a directory of *.test.json files (each scored with the "
-        "test_config.json of its folder)"))],
-    config: Annotated[str | None, Field(description="test_config.json; default: beside the eval set")] = None,
-    store: Annotated[str, Field(description="Store URL: a local path, s3://…, gs://…")] = DEFAULT_STORE,
+        "Agent package directory: ADK (exposes root_agent, app or get_agent_async) or "
+        f"LangGraph (exposes graph, or has a langgraph.json); {RELATIVE}"))],
+    evalset: Annotated[str | list[str], WithJsonSchema({"type": "string"}), Field(description=(
+        "Eval set, as adk eval names it: an .evalset.json file, FILE:ID,ID, an eval set id "
+        "of the agent, or a directory of *.test.json files (each scored with the "
+        f"test_config.json of its folder; the CLI and Python API take several); {RELATIVE}"))],
+    config: Annotated[Text, Field(description=(
+        f"test_config.json; empty: the one beside each eval set; {RELATIVE}"))] = "",
+    store: Annotated[str, Field(description=(
+        f"Store URL: a local path, s3://…, gs://…; {RELATIVE}"))] = DEFAULT_STORE,
     reuse: Annotated[bool, Field(description="Reuse complete, compatible earlier work")] = False,
     force: Annotated[bool, Field(description="Score every unit again even if reusable")] = False,
-    metrics: Annotated[list[str] | None, Field(description="Only these metrics (default: all)")] = None,
-    cases: Annotated[list[str] | None, Field(description="Only these eval_ids (default: all)")] = None,
+    metrics: Annotated[Names, Field(description=(
+        "Only these metrics, comma-separated (e.g. response_match_score,final_state_match); "
+        "empty: every metric of the config"))] = "",
+    cases: Annotated[Names, Field(description=(
+        "Only these eval_ids, comma-separated; empty: every case. A run of some cases or "
+        "metrics is a subset: never 'latest', never a default baseline"))] = "",
     repetitions: Annotated[int, Field(ge=1, description="Runs of the agent per case")] = 1,
     concurrency: Annotated[int, Field(ge=1, description=(
         "Cases run at once per inference task, and units scored at once per metric task "
         "(model calls stay within the Prefect limits evalsnap-agent-model and "
         "evalsnap-judge-model, where they exist)"))] = 8,
-    task_runner: Annotated[runners.TaskRunnerName | None, Field(
+    task_runner: Annotated[RunnerChoice, Field(
         description="Where tasks run: threads in the flow's process, or dask (a local "
-                    "cluster of worker processes, or the scheduler at dask_address). "
-                    "Default: $EVALSNAP_TASK_RUNNER, else threads")] = None,
-    dask_address: Annotated[str | None, Field(
-        description="Existing Dask scheduler, e.g. tcp://10.0.0.5:8786 (implies dask). "
-                    "Default: $EVALSNAP_DASK_ADDRESS")] = None,
-    agent_name: Annotated[str | None, Field(
-        description="Evaluate this sub-agent of the tree instead of the root agent")] = None,
-    initial_session_file: Annotated[str | None, Field(description=(
+                    "cluster of worker processes, or the scheduler at dask_address); "
+                    "default: $EVALSNAP_TASK_RUNNER, else threads")] = "default",
+    dask_address: Annotated[Text, Field(
+        description="Existing Dask scheduler, e.g. tcp://10.0.0.5:8786 (implies dask); "
+                    "empty: $EVALSNAP_DASK_ADDRESS, else none")] = "",
+    agent_name: Annotated[Text, Field(
+        description="Evaluate this sub-agent of the tree; empty: the root agent")] = "",
+    initial_session_file: Annotated[Text, Field(description=(
         "Initial session state for old-format *.test.json files (AgentEvaluator's "
-        "initial_session_file)"))] = None,
-) -> dict[str, Any]:
+        f"initial_session_file); empty: the initial.session.json beside them; {RELATIVE}"))] = "",
+    baseline: Annotated[Text, Field(description=BASELINE_HELP)] = "",
+    tolerance: Annotated[float, Field(ge=0, description=TOLERANCE_HELP)] = 0.0,
+    fail_on: Annotated[FailOn, Field(description=FAIL_ON_HELP)] = "quality",
+    framework: Annotated[Literal["", "adk", "langgraph"], Field(description=(
+        "The agent's framework; empty: detected (a package exposing graph, or a "
+        "langgraph.json, is LangGraph)"))] = "",
+) -> Any:
     """Runs the agent on every case, freezes a snapshot, scores each metric, publishes:
-    one record per eval set."""
-    plans = plan_runs(agent_dir, evalset, config, store, metrics, cases, repetitions,
-                      agent_name, initial_session_file)
+    one record per eval set; the flow run ends Failed when ``fail_on`` says so."""
+    specs = [absolute_evalset(e) for e in ([evalset] if isinstance(evalset, str) else evalset)]
+    plans = plan_runs(absolute(agent_dir), specs[0] if len(specs) == 1 else specs,
+                      absolute(config) or None, store, names(metrics), names(cases), repetitions,
+                      agent_name or None, absolute(initial_session_file) or None,
+                      baseline=baseline, tolerance=tolerance, framework=framework or None)
     tag_flow_run("evalsnap", *(f"evalset:{p.eval_set.eval_set_id}" for p in plans))
+    rename_flow_run(_evalset_label([p.eval_set.eval_set_id for p in plans]),
+                    all(p.coverage().full for p in plans))
     results = []
-    with runners.task_runner_scope(task_runner, dask_address) as runner:
+    runner_name = None if task_runner == "default" else task_runner
+    with runners.task_runner_scope(runner_name, dask_address or None) as runner:
         for plan in plans:
             run = RunOptions(kind="run", reuse=reuse, force=force, concurrency=concurrency)
             results.append(_evaluate(plan, run, runner))
-    return combined(results)
+    return finish(combined(results), fail_on, plans[0].store_url)
 
 
 def _evaluate(plan: Plan, run: RunOptions, runner: str) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,58 +12,97 @@ from pydantic import Field
 from evalsnap.pipeline import runners
 from evalsnap.pipeline.plan import RunOptions, plan_rescore
 from evalsnap.reports.artifacts import RunProgress
-from flows.evaluate import DEFAULT_STORE
+from evalsnap.reports.regressions import FailOn
+from flows.evaluate import (
+    BASELINE_HELP,
+    DEFAULT_STORE,
+    FAIL_ON_HELP,
+    RELATIVE,
+    TOLERANCE_HELP,
+    RunnerChoice,
+)
 from tasks import freeze_task, publish_task, run_scoring
-from tasks.support import as_data, tag_flow_run, with_parameter_docs
+from tasks.support import (
+    Names,
+    Text,
+    absolute,
+    as_data,
+    finish,
+    names,
+    rename_flow_run,
+    run_name,
+    tag_flow_run,
+    with_parameter_docs,
+)
 
 
 def _run_name() -> str:
     params = flow_run.parameters or {}
-    return f"rescore-{str(params.get('run_or_snapshot', ''))[:20]}-{dt.datetime.now(dt.UTC):%Y-%m-%d-%H%M}"
+    source = str(params.get("run_or_snapshot", ""))[:24]
+    subset = bool(params.get("cases") or params.get("metrics"))
+    return run_name(f"rescore-{source}", False if subset else None)
 
 
 @flow(name="evalsnap-rescore", flow_run_name=_run_name, validate_parameters=True,
       task_runner=runners.thread_runner())
 @with_parameter_docs
 def rescore(
-    run_or_snapshot: Annotated[str, Field(description="Run id, record id, snapshot id, or 'latest'")],
-    evalset: Annotated[str | None, Field(description="Edited .evalset.json (default: the frozen references)")] = None,
-    config: Annotated[str | None, Field(
-        description="test_config.json (default: beside the eval set, else the frozen rules)")] = None,
-    store: Annotated[str, Field(description="Store URL: a local path, s3://…, gs://…")] = DEFAULT_STORE,
+    run_or_snapshot: Annotated[str, Field(description=(
+        "Run id, record id, snapshot id, or 'latest' (the newest run that covers its whole "
+        "eval set and config)"))],
+    evalset: Annotated[Text, Field(description=(
+        f"Edited .evalset.json; empty: the frozen references; {RELATIVE}"))] = "",
+    config: Annotated[Text, Field(description=(
+        f"test_config.json; empty: the one beside the eval set, else the frozen rules; {RELATIVE}"))] = "",
+    store: Annotated[str, Field(description=(
+        f"Store URL: a local path, s3://…, gs://…; {RELATIVE}"))] = DEFAULT_STORE,
     reuse: Annotated[bool, Field(description="Reuse complete, compatible earlier units")] = True,
     force: Annotated[bool, Field(description="Score every unit again")] = False,
-    metrics: Annotated[list[str] | None, Field(description="Only these metrics (default: all)")] = None,
-    cases: Annotated[list[str] | None, Field(description="Only these eval_ids (default: all)")] = None,
-    code_paths: Annotated[list[str] | None, Field(
-        description="Directories to import custom metrics from (e.g. the agent's parent)")] = None,
+    metrics: Annotated[Names, Field(description=(
+        "Only these metrics, comma-separated; empty: every metric"))] = "",
+    cases: Annotated[Names, Field(description=(
+        "Only these eval_ids, comma-separated; empty: every case with frozen inference. A "
+        "rescore of some cases or metrics is a subset: never 'latest'"))] = "",
+    code_paths: Annotated[Names, Field(description=(
+        "Directories to import custom metrics from, comma-separated; empty: the agent "
+        f"package's parent beside the eval set or config; {RELATIVE}"))] = "",
     concurrency: Annotated[int, Field(ge=1, description="Units scored at once per metric")] = 8,
-    task_runner: Annotated[runners.TaskRunnerName | None, Field(
+    task_runner: Annotated[RunnerChoice, Field(
         description="Where scoring tasks run: threads, or dask (a local cluster, or the "
-                    "scheduler at dask_address). Default: $EVALSNAP_TASK_RUNNER, else "
-                    "threads")] = None,
-    dask_address: Annotated[str | None, Field(
-        description="Existing Dask scheduler, e.g. tcp://10.0.0.5:8786 (implies dask)")] = None,
-    agent: Annotated[str | None, Field(description=(
+                    "scheduler at dask_address); default: $EVALSNAP_TASK_RUNNER, else "
+                    "threads")] = "default",
+    dask_address: Annotated[Text, Field(
+        description="Existing Dask scheduler, e.g. tcp://10.0.0.5:8786 (implies dask); "
+                    "empty: $EVALSNAP_DASK_ADDRESS, else none")] = "",
+    agent: Annotated[Text, Field(description=(
         "The agent package, imported first in every process that scores (as for a run: "
-        "models or evaluators it registers are there); it is never called"))] = None,
-    agent_name: Annotated[str | None, Field(description="Sub-agent of --agent, if any")] = None,
-) -> dict[str, Any]:
-    """Never calls the agent: freezes the earlier inference with the given references and rules."""
-    if code_paths is None and (evalset or config):
+        f"models or evaluators it registers are there); it is never called; {RELATIVE}"))] = "",
+    agent_name: Annotated[Text, Field(description="Sub-agent of agent; empty: none")] = "",
+    baseline: Annotated[Text, Field(description=BASELINE_HELP)] = "",
+    tolerance: Annotated[float, Field(ge=0, description=TOLERANCE_HELP)] = 0.0,
+    fail_on: Annotated[FailOn, Field(description=FAIL_ON_HELP)] = "quality",
+) -> Any:
+    """Never calls the agent: freezes the earlier inference with the given references and
+    rules; the flow run ends Failed when ``fail_on`` says so."""
+    evalset, config, agent = absolute(evalset), absolute(config), absolute(agent)
+    paths = [absolute(p) for p in names(code_paths) or []]
+    if not paths and (evalset or config):
         # As the CLI does: custom metrics live in the agent package beside the eval set or
         # config, so its parent is the import root (a UI user sets no code paths).
-        code_paths = [str(Path(evalset or config or ".").resolve().parent.parent)]
-    plan = plan_rescore(run_or_snapshot, store, evalset, config, metrics, cases, code_paths,
-                        agent, agent_name)
+        paths = [str(Path(evalset or config).parent.parent)]
+    plan = plan_rescore(run_or_snapshot, store, evalset or None, config or None, names(metrics),
+                        names(cases), paths, agent or None, agent_name or None,
+                        baseline=baseline, tolerance=tolerance)
     run = RunOptions(kind="rescore", reuse=reuse, force=force, concurrency=concurrency)
     tag_flow_run("evalsnap", f"evalset:{plan.eval_set.eval_set_id}")
+    rename_flow_run(f"rescore-{plan.eval_set.eval_set_id}", plan.coverage().full)
     progress = RunProgress(len(plan.metric_names) + 1,
                            f"{plan.eval_set.eval_set_id}: rescoring, publish")
-    with runners.task_runner_scope(task_runner, dask_address):
+    with runners.task_runner_scope(None if task_runner == "default" else task_runner,
+                                   dask_address or None):
         outcomes = plan.source_outcomes  # the frozen inference: the agent is never called
         snapshot_oid = freeze_task(as_data(plan.freeze_request(outcomes)))
         units = run_scoring(plan.score_requests(run, snapshot_oid), progress)
         result = publish_task(as_data(plan.publish_request(run, snapshot_oid, outcomes, units)))
     progress.advance()  # published
-    return result
+    return finish(result, fail_on, plan.store_url)

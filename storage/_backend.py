@@ -167,7 +167,8 @@ class Backend:
         detail = f"{type(exc).__name__}: {exc}"[:300]
         hints = _HINTS[self.protocol]
         if isinstance(exc, TimeoutError):
-            reason = f"{what} got no answer within {deadline:.0f} s; {hints.timeout}"
+            reason = (f"{what} got no answer within {deadline:.0f} s (EVALSNAP_STORE_TIMEOUT="
+                      f"{self.timeout:g} s per call); {hints.timeout}")
         elif isinstance(exc, PermissionError):
             reason = f"{what} was refused ({detail}); {hints.refused}"
         else:

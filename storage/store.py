@@ -233,7 +233,9 @@ class Store:
 
     def list_refs(self, namespace: str) -> list[str]:
         """Names of the refs directly under ``namespace`` (not in sub-namespaces), sorted."""
-        rel = ref_rel(namespace, None)
+        return self._names_in(ref_rel(namespace, None))
+
+    def _names_in(self, rel: str) -> list[str]:
         self._ensure_ready()
         folder = self._path(rel)
         try:
@@ -281,6 +283,10 @@ class Store:
         rel = f"{LAYOUT_VERSION}/prefect/{validate_id(name, 'task result name')}"
         self._ensure_ready()
         return self._read(rel, f"reading {self._url(rel)}")
+
+    def list_task_results(self) -> list[str]:
+        """Names of Prefect's cached task results (``v1/prefect/<name>``), sorted."""
+        return self._names_in(f"{LAYOUT_VERSION}/prefect")
 
     def verify(self) -> list[Problem]:
         """Re-hash every object; report corrupt, unreadable and stray files."""

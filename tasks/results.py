@@ -29,37 +29,11 @@ from prefect.serializers import Serializer
 from pydantic import Field
 
 from evalsnap.errors import EvalsnapError
-from evalsnap.jsonsafe import strict_json
 from evalsnap.pipeline import reuse
 from evalsnap.records import repo
+from evalsnap.records.task_results import SERIALIZER_TYPE, loads_plain, plain, record_value
 
 logger = logging.getLogger(__name__)
-
-SERIALIZER_TYPE = "evalsnap-ids"
-#: A cached result is a list of small id records; anything much bigger is not ours.
-MAX_RESULT_BYTES = 64 * 1024 * 1024
-
-
-def _plain(value: Any, depth: int = 0) -> bool:
-    """JSON data only: no depth bomb, nothing that could name code."""
-    if depth > 16:
-        return False
-    if value is None or isinstance(value, bool | int | float | str):
-        return True
-    if isinstance(value, list):
-        return all(_plain(v, depth + 1) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _plain(v, depth + 1) for k, v in value.items())
-    return False
-
-
-def loads_plain(data: bytes | str) -> Any:
-    """Parses JSON as the store's other readers do (``strict_json``: no NaN/Infinity, no
-    nesting bomb), and no deeper than ids need; ``ValueError`` otherwise."""
-    value = strict_json(data.decode("utf-8") if isinstance(data, bytes) else data)
-    if not _plain(value):
-        raise ValueError("nested too deeply for a task result")
-    return value
 
 
 class IdsSerializer(Serializer):  # type: ignore[type-arg]
@@ -68,30 +42,13 @@ class IdsSerializer(Serializer):  # type: ignore[type-arg]
     type: str = Field(default=SERIALIZER_TYPE, frozen=True)
 
     def dumps(self, obj: Any) -> bytes:
-        if not _plain(obj):
+        if not plain(obj):
             raise ValueError("evalsnap task results are plain JSON data (ids), "
                              f"not {type(obj).__name__}")
         return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
 
     def loads(self, blob: bytes) -> Any:
         return loads_plain(blob)
-
-
-def _record_value(data: bytes) -> Any:
-    """The result inside a stored result record, if the record is one of ours; else raises."""
-    if len(data) > MAX_RESULT_BYTES:
-        raise ValueError(f"{len(data)} bytes")
-    record = loads_plain(data)
-    if not isinstance(record, dict) or not isinstance(record.get("metadata"), dict):
-        raise ValueError("not a result record")
-    serializer = record["metadata"].get("serializer")
-    kind = serializer.get("type") if isinstance(serializer, dict) else None
-    if kind != SERIALIZER_TYPE:
-        raise ValueError(f"it names serializer {kind!r}, not {SERIALIZER_TYPE!r}")
-    result = record.get("result")
-    if not isinstance(result, str):
-        raise ValueError("its result is not text")
-    return loads_plain(result)
 
 
 class StoreResults(WritableFileSystem):
@@ -112,7 +69,7 @@ class StoreResults(WritableFileSystem):
             if memo in self._verdicts:
                 return self._verdicts[memo]
         try:
-            value = _record_value(data)
+            value = record_value(data)
             ok = reuse.cache_hit_usable(repo.open_store(self.store_url), key, value)
             if not ok:
                 logger.info("cached result %s does not match the store's indexes; "
@@ -134,7 +91,7 @@ class StoreResults(WritableFileSystem):
 
     def write_path(self, path: str, content: bytes, **_: Any) -> str:  # type: ignore[override]
         try:
-            value = _record_value(content)
+            value = record_value(content)
         except ValueError as exc:
             logger.warning("not caching task result %s: %s", path, exc)
             return path

@@ -6,8 +6,11 @@ import functools
 import hashlib
 import inspect
 import logging
+import re
 import typing
 from typing import Any
+
+from pydantic import BeforeValidator
 
 from evalsnap import settings
 
@@ -126,3 +129,151 @@ def with_parameter_docs(fn: Any) -> Any:
     if lines:
         fn.__doc__ = (inspect.getdoc(fn) or "").rstrip() + "\n\nArgs:\n" + "\n".join(lines)
     return fn
+
+
+# ---- the form: parameters as a person fills them in ------------------------------------------
+
+def _joined(value: Any) -> Any:
+    """A list given by the CLI or the Python API, as the form's comma-separated text."""
+    if isinstance(value, list | tuple):
+        return ",".join(str(v).strip() for v in value)
+    return "" if value is None else value
+
+
+#: A comma-separated list in one text box ("" = all); lists are accepted too (CLI, API).
+Names = typing.Annotated[str, BeforeValidator(_joined)]
+#: An optional text box: "" means the default its description names (None is accepted).
+Text = typing.Annotated[str, BeforeValidator(lambda v: "" if v is None else v)]
+
+
+def names(value: str) -> list[str] | None:
+    """The names of a comma-separated parameter; None (all) when it names none."""
+    found = [n.strip() for n in value.split(",") if n.strip()]
+    return found or None
+
+
+def absolute(path: str) -> str:
+    """A path parameter resolved against the flow run's working directory (a deployment's:
+    the project directory its pull step sets), so every error names the resolved path;
+    ``""`` stays ``""`` (the default), and URLs (``s3://…``) are kept."""
+    import os
+
+    if not path or "://" in path:
+        return path
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def absolute_evalset(spec: str) -> str:
+    """An eval set parameter with its file or directory part resolved (``FILE:ID,ID`` keeps
+    its case ids); an eval set id of the agent (no path, no ``.json``) is kept as it is."""
+    import os
+
+    file, sep, ids = spec.partition(":") if not os.path.exists(spec) else (spec, "", "")
+    if os.sep in file or "/" in file or file.endswith(".json") or os.path.exists(file):
+        return absolute(file) + sep + ids
+    return spec
+
+
+# ---- the run's outcome: its name, its events and its final state ---------------------------
+
+#: The end of the names evalsnap generates: ``…-20261201-020003-a1f3``.
+GENERATED_NAME = re.compile(r"-\d{8}-\d{6}-[0-9a-f]{4}$")
+
+
+#: The shape of the random names Prefect gives a run: the server's two words
+#: (``clever-otter``) and the UI's prefilled "Run Name" (``nu5-xultun``, ``omega5-enedwaith-f``):
+#: two or three lowercase words joined by dashes.
+RANDOM_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+){1,2}$")
+
+
+def typed_name(name: str | None) -> bool:
+    """Whether a flow run's name was chosen by a person (the UI's "Run Name", a name given
+    through the API), rather than made up: two or three lowercase words joined by dashes,
+    as Prefect's random names are, or a name evalsnap generated."""
+    return bool(name) and not GENERATED_NAME.search(name or "") and \
+        not RANDOM_NAME.match(name or "")
+
+
+def generated_name(what: str, full: bool | None) -> str:
+    """``<what>-<full|subset>-<UTC yyyymmdd-hhmmss>-<4 hex>``: unique and telling."""
+    import datetime as dt
+    import secrets
+
+    kind = "" if full is None else ("-full" if full else "-subset")
+    return f"{what}{kind}-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+def run_name(what: str, full: bool | None) -> str:
+    """The flow run's name: the one it was created with if a person typed it, else
+    :func:`generated_name` (for ``flow_run_name``, which Prefect applies unconditionally)."""
+    from prefect.runtime import flow_run
+
+    current = flow_run.name
+    return current if typed_name(current) else generated_name(what, full)
+
+
+def rename_flow_run(what: str, full: bool) -> None:
+    """Once the plan is known: the generated name of the running flow run, with its eval
+    set and whether it is full (a typed name is kept)."""
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    if ctx is None or ctx.flow_run is None or typed_name(ctx.flow_run.name):
+        return
+    if ctx.flow_run.name.startswith(f"{what}-{'full' if full else 'subset'}-"):
+        return  # the name made up at the start already says it
+    name = generated_name(what, full)
+    try:
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_name(ctx.flow_run.id, name)
+        ctx.flow_run.name = name
+    except Exception as exc:  # noqa: BLE001 - the name is for the UI; the run goes on
+        logger.warning("could not rename the flow run: %s", exc)
+
+
+def emit_run_events(result: dict[str, Any], store_url: str) -> None:
+    """One Prefect event per record: ``evalsnap.run.passed|failed|incomplete``, and
+    ``evalsnap.run.regressed`` too when it regressed against its baseline; the resource is
+    the record, labelled with eval set, store, record and run (automations match them)."""
+    from prefect.events import emit_event
+
+    from evalsnap.reports.regressions import gate_message
+
+    for part in result["runs"] if "runs" in result else [result]:
+        outcome = ("incomplete" if not part["complete"] else
+                   "passed" if part["passed"] else "failed")
+        resource = {"prefect.resource.id": f"evalsnap.record.{part['record_id']}",
+                    "prefect.resource.name": f"{part['eval_set_id']} {part['run_id']}",
+                    "evalsnap.eval-set": part["eval_set_id"], "evalsnap.store": store_url,
+                    "evalsnap.record": part["record_id"], "evalsnap.run": part["run_id"],
+                    "evalsnap.full": str(part.get("full", True)).lower()}
+        payload = {"message": gate_message(part), "exit_code": part["exit_code"],
+                   "regressions": (part.get("regressions") or [])[:20],
+                   "fixes": (part.get("fixes") or [])[:20],
+                   "baseline": part.get("baseline")}
+        names = [f"evalsnap.run.{outcome}"] + (["evalsnap.run.regressed"]
+                                               if part.get("regressions") else [])
+        for event in names:
+            try:
+                emit_event(event=event, resource=resource, payload=payload)
+            except Exception as exc:  # noqa: BLE001 - events are for automations; never lose a run
+                logger.warning("could not emit %s: %s", event, exc)
+
+
+def finish(result: dict[str, Any], fail_on: str, store_url: str) -> Any:
+    """The flow's return value once every record is published: ``result`` with its exit
+    codes under ``fail_on``, or Prefect's ``Failed`` state holding it (a one-line message
+    naming what failed) when the gate fails. Returning the state, rather than raising,
+    keeps the result for the caller (:func:`evalsnap.api.run_flow`) and is no exception
+    for Prefect to retry."""
+    from prefect.states import Failed
+
+    from evalsnap.reports.regressions import gate
+
+    gated, message = gate(result, fail_on)
+    emit_run_events(gated, store_url)
+    if message is None:
+        return gated
+    logger.warning("%s", message)
+    return Failed(message=message, data=gated)

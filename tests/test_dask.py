@@ -56,7 +56,7 @@ def test_dask_local_cluster_matches_threads(shop_copy, tmp_path, monkeypatch):
 
     args = [str(shop_copy), str(shop_copy / EVALSET.name)]
     threads = evaluate(agent_dir=args[0], evalset=args[1], store=str(tmp_path / "threads"),
-                       cases=CASES, metrics=METRICS, task_runner="threads")
+                       cases=CASES, metrics=METRICS, task_runner="threads", fail_on="never")
 
     built: list = []
     build = runners._dask_runner
@@ -73,7 +73,7 @@ def test_dask_local_cluster_matches_threads(shop_copy, tmp_path, monkeypatch):
     logging.getLogger("distributed").setLevel(logging.ERROR)
     offline.reset_counters()
     result = evaluate(agent_dir=args[0], evalset=args[1], store=str(tmp_path / "dask"),
-                      cases=CASES, metrics=METRICS, task_runner="dask")
+                      cases=CASES, metrics=METRICS, task_runner="dask", fail_on="never")
 
     monkeypatch.delenv("EVALSNAP_DASK_WORKERS")
     settings.reload()  # the environment as it was, for later tests

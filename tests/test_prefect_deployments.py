@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,12 +43,18 @@ def test_every_entrypoint_loads_with_its_parameters(monkeypatch):
         assert set(deployment["parameters"]) <= set(properties), name
         for pname, schema in properties.items():  # the UI shows a description per input
             assert schema.get("description"), f"{name}: {pname} has no description"
-        for key in ("task_runner", "dask_address"):
-            assert key in properties
+        if name in EXPECTED:
+            for key in ("task_runner", "dask_address", "baseline", "fail_on", "tolerance"):
+                assert key in properties
+            # The form: no `str | None` toggle; an empty text box means "all" / "beside".
+            assert all("anyOf" not in p for p in properties.values()), name
+            assert all(v is not None for v in deployment["parameters"].values()), name
     nightly = deployments["nightly-eval"]
     assert nightly["parameters"]["reuse"] is True
+    assert nightly["parameters"]["baseline"] == "latest"  # compares with the previous night
     [schedule] = nightly["schedules"]
     assert schedule["cron"] and schedule["timezone"]
+    assert schedule["timezone"] in nightly["description"]
     assert deployments["rerun"]["parameters"]["run_or_snapshot"] == "latest"
 
 
@@ -78,10 +86,9 @@ def worker(tmp_path):
     """Creates the process work pool, deploys prefect.yaml, starts a worker (stopped by PID)."""
     env = {**os.environ, "PREFECT_CLI_PROMPT": "false", "PREFECT_WORKER_QUERY_SECONDS": "1",
            "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
-    pools = subprocess.run([PREFECT, "work-pool", "ls"], cwd=ROOT, env=env, capture_output=True,
-                           text=True, timeout=60).stdout
-    if "evalsnap-process" not in pools:
-        _prefect("work-pool", "create", "evalsnap-process", "--type", "process", env=env)
+    # (`work-pool ls` truncates names in a narrow table: create it, or update it in place)
+    _prefect("work-pool", "create", "evalsnap-process", "--type", "process", "--overwrite",
+             env=env)
     _prefect("--no-prompt", "deploy", "--all", env=env)
     log = open(tmp_path / "worker.log", "wb")
     proc = subprocess.Popen([PREFECT, "worker", "start", "--pool", "evalsnap-process",
@@ -116,8 +123,8 @@ def test_rerun_deployment_end_to_end(cli, shop_copy, store_dir, worker, tmp_path
     # What the UI's "custom run" does: create a flow run of the deployment with parameters.
     parameters = {"run_or_snapshot": run_id, "store": str(store_dir), "evalset": str(evalset),
                   "config": str(shop_copy / "test_config.json"), "reuse": False, "force": True,
-                  "metrics": ["response_match_score", "response_mentions_city"],
-                  "cases": ["weather_paris"]}
+                  "metrics": "response_match_score, response_mentions_city",
+                  "cases": "weather_paris"}  # the form's comma-separated text boxes
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment_by_name("evalsnap-rescore/rerun")
         assert "rerun" in deployment.tags
@@ -157,9 +164,191 @@ def test_rerun_deployment_end_to_end(cli, shop_copy, store_dir, worker, tmp_path
     rows = table if isinstance(table, list) else json.loads(table)
     assert {(r["case"], r["metric"]) for r in rows} == \
         {("weather_paris", "response_match_score"), ("weather_paris", "response_mentions_city")}
-    summary = by_type["markdown"].data
+    [summary] = [a.data for a in artifacts if a.key == "evalsnap-shop-summary"]
+    assert "Covers: subset" in summary and "* cases failed" not in summary
     assert oid in summary and record.snapshot_oid in summary and record.run_id in summary
     assert "units scored now | 2" in summary
     assert float(by_type["progress"].data) == 100.0
     assert {"score response_match_score", "score response_mentions_city"} <= \
         {t.name for t in task_runs}
+
+
+def _wait_final(client, flow_run_id, worker, log: Path, timeout: float = 240):
+    deadline = time.time() + timeout
+    while True:
+        flow_run = client.read_flow_run(flow_run_id)
+        if flow_run.state and flow_run.state.is_final():
+            return flow_run
+        assert worker.poll() is None, log.read_text()[-3000:]
+        assert time.time() < deadline, f"flow run not final in {timeout} s:\n" + \
+            log.read_text()[-3000:]
+        time.sleep(1)
+
+
+def _events(prefix: str, record_id: str) -> list[dict]:
+    """Events of one record, read back through the server's API (``/events/filter``)."""
+    import httpx
+
+    body = {"filter": {"event": {"prefix": [prefix]},
+                       "any_resource": {"id": [f"evalsnap.record.{record_id}"]}}, "limit": 50}
+    for _ in range(30):  # events are sent asynchronously by the flow run's process
+        response = httpx.post(f"{os.environ['PREFECT_API_URL']}/events/filter", json=body,
+                              timeout=10)
+        response.raise_for_status()
+        found = response.json()["events"]
+        if found:
+            return found
+        time.sleep(1)
+    return []
+
+
+def test_gate_fails_the_flow_run_emits_events_and_names_runs(cli, shop_copy, store_dir, worker,
+                                                            tmp_path):
+    """A regression against the baseline ends the deployment's flow run Failed (message naming
+    the case and metric), after the record is published; the events reach the server; a
+    typed run name is kept and a generated one says eval set and subset."""
+    from prefect.client.orchestration import get_client
+
+    from evalsnap.records import repo
+
+    evalset = shop_copy / EVALSET.name
+    first = cli("run", str(shop_copy), str(evalset), "--store", str(store_dir), "--case",
+                "weather_paris", "--metric", "response_match_score", "--json")
+    assert first.code == 0, first.stderr[-3000:]
+    edited = json.loads(evalset.read_text("utf-8"))
+    for case in edited["eval_cases"]:
+        if case["eval_id"] == "weather_paris":
+            case["conversation"][0]["final_response"]["parts"][0]["text"] = "Nothing alike."
+    (shop_copy / "edited.evalset.json").write_text(json.dumps(edited), "utf-8")
+    parameters = {"run_or_snapshot": first.json["run_id"], "store": str(store_dir),
+                  "evalset": str(shop_copy / "edited.evalset.json"),
+                  "config": str(shop_copy / "test_config.json"), "cases": "weather_paris",
+                  "metrics": "response_match_score", "baseline": first.json["run_id"],
+                  "fail_on": "regression"}
+    log = tmp_path / "worker.log"
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("evalsnap-rescore/rerun")
+        typed = client.create_flow_run_from_deployment(deployment.id, parameters=parameters,
+                                                       name="after the reference fix")
+        untyped = client.create_flow_run_from_deployment(
+            deployment.id, parameters={**parameters, "fail_on": "never"}, name="nu5-xultun")
+        # issue 20: the nightly deployment runs a LangGraph agent, its parameters unchanged
+        graph_agent = tmp_path / "agents" / "langgraph_agent"
+        shutil.copytree(ROOT / "examples" / "langgraph_agent", graph_agent,
+                        ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+        nightly = client.read_deployment_by_name("evalsnap-evaluate/nightly-eval")
+        graph_run = client.create_flow_run_from_deployment(nightly.id, parameters={
+            "agent_dir": str(graph_agent), "evalset": str(graph_agent / "trip.evalset.json"),
+            "config": "", "store": str(store_dir / "graph"), "reuse": True, "baseline": ""})
+        typed = _wait_final(client, typed.id, worker, log)
+        untyped = _wait_final(client, untyped.id, worker, log)
+        graph_run = _wait_final(client, graph_run.id, worker, log)
+
+    assert typed.state.is_failed(), log.read_text()[-4000:]
+    message = typed.state.message
+    assert message.startswith("REGRESSED (fail_on=regression): shop: 1 regressed since "
+                              f"{first.json['run_id']} (weather_paris · response_match_score)")
+    assert "\n" not in message
+    assert typed.name == "after the reference fix"
+    assert typed.run_count == 1  # a quality verdict is no exception to retry
+    # The record was published before the state: the message names it, and it reads back.
+    record_id = message.rsplit("record ", 1)[1]
+    store = repo.open_store(str(store_dir))
+    oid, record = repo.resolve_record(store, record_id)
+    assert record.baseline.run_id == first.json["run_id"] and not record.full
+    events = _events("evalsnap.run.", oid)
+    assert {e["event"] for e in events} == {"evalsnap.run.failed", "evalsnap.run.regressed"}
+    resource = events[0]["resource"]
+    assert resource["evalsnap.eval-set"] == "shop" and resource["evalsnap.record"] == oid
+    assert resource["evalsnap.run"] == record.run_id
+    assert resource["evalsnap.store"] == repo.open_store(str(store_dir)).url
+    regressed = next(e for e in events if e["event"] == "evalsnap.run.regressed")
+    assert regressed["payload"]["regressions"][0]["change"] == "PASSED → FAILED"
+    assert any(r["prefect.resource.id"] == f"prefect.flow-run.{typed.id}"
+               for r in regressed["related"])
+
+    # the LangGraph run: Failed by its two designed failures (fail_on=quality), published
+    assert graph_run.state.is_failed(), log.read_text()[-4000:]
+    assert "2 failed" in graph_run.state.message and ("trip_wrong_trajectory" in
+                                                        graph_run.state.message), \
+        graph_run.state.message
+    _, graph_record = repo.resolve_record(repo.open_store(str(store_dir / "graph")), "latest")
+    assert graph_record.summary.agent_calls > 0 and graph_record.summary.complete
+    assert {u.metric_name for u in graph_record.units} >= {"tool_trajectory_avg_score",
+                                                           "final_state_match"}
+
+    # fail_on=never: the same regression, Completed; the random name became a telling one.
+    assert untyped.state.is_completed(), log.read_text()[-4000:]
+    assert re.fullmatch(r"rescore-shop-subset-\d{8}-\d{6}-[0-9a-f]{4}", untyped.name), untyped.name
+
+
+def _ui_server(home: Path) -> tuple[subprocess.Popen, str]:
+    """A second prefect server, with its UI (the session's runs without one)."""
+    from evalsnap.startup import wait_healthy
+    from tests.conftest import free_port
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": "",
+           "PREFECT_UI_ENABLED": "true", "PREFECT_UI_API_URL": url,
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    proc = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port",
+                             str(port), "--ui"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=open(home / "server.log", "wb"), start_new_session=True)
+    if not wait_healthy(url, proc, timeout=120):
+        _stop(proc)
+        pytest.fail("UI server not healthy: " + (home / "server.log").read_text()[-2000:])
+    return proc, url
+
+
+def test_custom_run_form_renders_without_none_toggles(tmp_path):
+    """The rerun deployment's custom-run form in Prefect's real UI (headless Chromium): every
+    parameter a plain input with its description, no ``None`` toggle; the screenshot is kept
+    in /tmp/form.png. The nightly deployment's description names the schedule's time zone."""
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed")
+    home = tmp_path / "ui-home"
+    home.mkdir()
+    server, url = _ui_server(home)
+    try:
+        env = {**os.environ, "PREFECT_API_URL": url, "PREFECT_HOME": str(home),
+               "PREFECT_CLI_PROMPT": "false"}
+        _prefect("work-pool", "create", "evalsnap-process", "--type", "process", env=env)
+        _prefect("--no-prompt", "deploy", "--all", env=env, timeout=300)
+        import httpx
+
+        deployments = httpx.post(f"{url}/deployments/filter", json={}, timeout=10).json()
+        by_name = {d["name"]: d for d in deployments}
+        assert "Europe/Paris" in by_name["nightly-eval"]["description"]
+        schema = by_name["rerun"]["parameter_openapi_schema"]["properties"]
+        assert all("anyOf" not in p and p.get("type") != "null" for p in schema.values()), schema
+        page = url.removesuffix("/api") + f"/deployments/deployment/{by_name['rerun']['id']}/run"
+        args = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu",
+                "--disable-background-networking", "--no-first-run", "--hide-scrollbars",
+                "--virtual-time-budget=20000"]
+        subprocess.run([*args, "--window-size=1280,2600", "--screenshot=/tmp/form.png", page],
+                       capture_output=True, timeout=120, check=True)
+        dom = subprocess.run([*args, "--dump-dom", page], capture_output=True, text=True,
+                             timeout=120, check=True).stdout
+    finally:
+        _stop(server)
+    assert Path("/tmp/form.png").stat().st_size > 20_000
+    text = re.sub(r"<[^>]+>", " ", dom)
+    for name in ("run_or_snapshot", "metrics", "cases", "baseline", "fail_on", "tolerance"):
+        assert name in text, name
+    assert "comma-separated" in text and "working directory" in text
+    assert 'Property is type "None"' not in text and "Something went wrong" not in text
+
+
+def test_the_documented_automation_is_one_prefect_accepts():
+    """deployments/README.md's automation parses as Prefect's own automation model and
+    matches the events the flows emit."""
+    from prefect.events.schemas.automations import AutomationCore
+
+    text = (ROOT / "deployments" / "README.md").read_text("utf-8")
+    block = re.search(r"```yaml\n(name: evalsnap regression.*?)```", text, re.S)
+    assert block, "the automation is not in deployments/README.md"
+    automation = AutomationCore.model_validate(yaml.safe_load(block.group(1)))
+    assert automation.trigger.expect == {"evalsnap.run.regressed"}
+    assert automation.trigger.match.root["prefect.resource.id"] == "evalsnap.record.*"

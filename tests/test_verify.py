@@ -153,3 +153,21 @@ def test_verify_cli_exit_codes_and_json(tmp_path: Path) -> None:
     assert hexd[2:] in bad.stderr and "problem(s) found" in bad.stdout
     missing = run_cli("verify", "--store", "nope://x")
     assert missing.code == 2 and "unknown protocol" in missing.stderr
+
+
+@pytest.mark.parametrize("content", [b"", b"{not json", b'{"metadata": {"serializer": {"type": '
+                                     b'"pickle"}}, "result": "gASV"}', b"[" * 5000 + b"]" * 5000],
+                         ids=["empty", "not-json", "pickle", "nested"])
+def test_a_damaged_cached_task_result_is_a_finding_and_deleting_it_clears_it(
+        tmp_path: Path, content: bytes) -> None:
+    """A full disk leaves 0-byte files in v1/prefect/; verify says so, and its advice works."""
+    store = _store(tmp_path, local=True)
+    _build(store)
+    store.put_task_result("score-" + "0" * 64, content)
+    bad = run_cli("verify", "--store", store.url, "--json")
+    assert bad.code == 1, bad.stderr
+    (problem,) = bad.json["problems"]
+    assert problem["kind"] == "task_result" and "delete the file" in problem["message"]
+    assert bad.json["task_results"] == 1
+    Path(problem["location"]).unlink()
+    assert run_cli("verify", "--store", store.url).code == 0

@@ -51,7 +51,12 @@ class LoadedAgent:
     app: App | None
     identity: str
     """Fingerprint of the package files (secrets excluded) + the resolved agent tree +
-    google-adk version (+ the selected sub-agent's name)."""
+    google-adk version (+ the selected sub-agent's name); for a LangGraph agent, the files +
+    the graph's structure (:mod:`evalsnap.langgraph.identity`)."""
+    framework: str = "adk"
+    """``adk``, or ``langgraph`` (then ``root_agent`` is a named placeholder and ``graph`` runs)."""
+    graph: Any = None
+    """The compiled LangGraph graph of a ``langgraph`` agent."""
 
 
 def ensure_importable(agent_dir: str | Path) -> Path:
@@ -133,8 +138,13 @@ def agent_tree(agent: BaseAgent) -> dict[str, Any]:
     }
 
 
-def load_agent(agent_dir: str | Path, agent_name: str | None = None) -> LoadedAgent:
+def load_agent(agent_dir: str | Path, agent_name: str | None = None,
+               framework: str | None = None) -> LoadedAgent:
     """Imports an agent package as ``adk eval`` does.
+
+    ``framework`` (``--framework``): ``adk`` or ``langgraph`` forces one; None detects it: a
+    dir with ``langgraph.json``, or a package exposing ``graph`` and no ADK agent, is a
+    LangGraph agent (:mod:`evalsnap.langgraph.loader`).
 
     The package's ``agent`` module (or the package itself) exposes one of, in ``adk eval``'s
     order: ``app`` (an ADK ``App``), ``root_agent``, or ``get_agent_async`` (an async function
@@ -149,9 +159,16 @@ def load_agent(agent_dir: str | Path, agent_name: str | None = None) -> LoadedAg
     ``.app`` is then a copy of it whose ``root_agent`` is that agent, which is the runner ADK
     builds for it, so the App's plugins and configs still apply.
     """
+    from evalsnap.langgraph import loader as langgraph_loader
+
+    framework = langgraph_loader.check_framework(framework)
+    if framework == "langgraph" or (framework is None and langgraph_loader.has_config(agent_dir)):
+        return langgraph_loader.load_agent(agent_dir, agent_name)
     path = _package_dir(agent_dir)
     load_dotenv_for_agent(path.name, str(path.parent))
     holder = _import_package(path)
+    if framework is None and langgraph_loader.exposes_graph(holder, sys.modules.get(path.name)):
+        return langgraph_loader.load_agent(agent_dir, agent_name)
     app, root = _app_and_root(holder, path)
     selected = root if agent_name is None else _find_sub_agent(root, agent_name, path)
     if app is not None and selected is not root:
@@ -180,7 +197,10 @@ def _import_package(path: Path) -> Any:
     try:
         module = importlib.import_module(path.name)
     except Exception as exc:
-        raise AgentLoadError(f"importing agent package {path} failed: {exc!r}") from exc
+        from evalsnap.langgraph.loader import missing_extra
+
+        raise (missing_extra(path, exc)
+               or AgentLoadError(f"importing agent package {path} failed: {exc!r}")) from exc
     return getattr(module, "agent", module)
 
 

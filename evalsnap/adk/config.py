@@ -4,7 +4,8 @@ The file is ADK's ``EvalConfig`` (camelCase). evalsnap reads two optional
 extensions that ADK ignores: ``customMetrics.<name>.version`` (a trusted
 implementation version; without it a custom metric is never reused) and the
 top-level ``evalsnapPlugins`` / ``metricVersions`` keys, and ``evalsnapPrices`` (model
-prices for the estimated cost of a run; not a scoring rule, so no fingerprint reads it).
+prices for the estimated cost of a run; not a scoring rule, so no fingerprint reads it), and
+``evalsnapTimeouts`` (a unit's deadline by metric; also not a rule).
 """
 
 from __future__ import annotations
@@ -33,13 +34,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import evalsnap.adk.context  # noqa: F401  (installs the EvaluationContext shim first)
 from evalsnap.adk import plugins
+from evalsnap.deadlines import read_metric_timeouts
 from evalsnap.errors import ConfigError, InputFileError, MetricImportError
 from evalsnap.fingerprint import fingerprint
 from evalsnap.jsonsafe import strict_json
 from evalsnap.records import EvaluatorIdentity, MetricRule
 from evalsnap.records.record import ModelPrice
 
-_EXTENSION_KEYS = ("evalsnapPlugins", "metricVersions", "evalsnapPrices")
+_EXTENSION_KEYS = ("evalsnapPlugins", "metricVersions", "evalsnapPrices", "evalsnapTimeouts")
 
 
 @dataclass
@@ -56,6 +58,8 @@ class LoadedConfig:
     """Criteria as configured, transport settings (``httpOptions``) included; never stored."""
     prices: dict[str, ModelPrice] | None = None
     """``evalsnapPrices``: price per million tokens by model name; None without a table."""
+    timeouts: dict[str, float] = field(default_factory=dict)
+    """``evalsnapTimeouts``: a unit's deadline by metric name (:mod:`evalsnap.deadlines`)."""
 
     def eval_metric(self, rule: MetricRule) -> EvalMetric:
         """The EvalMetric to score with: the live criterion, so a judge keeps its transport."""
@@ -265,8 +269,9 @@ def resolve_config(raw: dict[str, Any], *, where: str = "<config>") -> LoadedCon
         for name, criterion in eval_config.criteria.items()
     ]
     rules = [rule for rule, _ in resolved]
+    timeouts = read_metric_timeouts(raw, where, list(eval_config.criteria))
     return LoadedConfig(raw=raw, eval_config=eval_config, rules=rules, registry=registry,
-                        prices=prices,
+                        prices=prices, timeouts=timeouts,
                         live_criteria={rule.metric_name: full for rule, full in resolved},
                         custom_paths={k: v for k, v in custom_paths.items()
                                       if k in eval_config.criteria}, where=where)

@@ -18,13 +18,17 @@ evalsnap uses ADK's own.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 from typing import Any
 
 import google.adk.evaluation as adk_evaluation
 from google.adk.evaluation import evaluator as adk_evaluator
+from google.adk.evaluation.custom_metric_evaluator import _CustomMetricEvaluator
 from google.adk.evaluation.evaluator import EvaluationResult, Evaluator
 from pydantic import BaseModel, ConfigDict
+
+from evalsnap.deadlines import in_daemon_thread, off_the_loop
 
 SessionState = dict[str, Any]
 
@@ -79,11 +83,32 @@ def make_context(initial: SessionState | None, final: SessionState | None,
 
 
 async def run_evaluator(evaluator: Evaluator, actual: Any, expected: Any, scenario: Any,
-                        context: Any) -> EvaluationResult:
-    """Calls ``evaluate_with_context`` (sync or async) and awaits if needed."""
-    result = evaluator.evaluate_with_context(  # type: ignore[attr-defined]
-        actual, expected, scenario, context=context
-    )
+                        context: Any, *, user_code: bool = False) -> EvaluationResult:
+    """Calls ``evaluate_with_context`` (sync or async) and awaits if needed.
+
+    ``user_code`` (a custom metric): synchronous code runs on a daemon thread
+    (:func:`evalsnap.deadlines.in_daemon_thread`), so it neither blocks the loop the other
+    units share nor escapes its deadline.
+    """
+    call = functools.partial(evaluator.evaluate_with_context,  # type: ignore[attr-defined]
+                             actual, expected, scenario, context=context)
+    if user_code and isinstance(evaluator, _CustomMetricEvaluator):
+        # ADK calls the function on the loop and awaits what it returns
+        evaluator._metric_function = off_the_loop(evaluator._metric_function)  # noqa: SLF001
+        result = call()
+    elif user_code and not _is_async(evaluator):
+        result = await in_daemon_thread(call)
+    else:
+        result = call()
     if inspect.isawaitable(result):
         result = await result
     return result
+
+
+def _is_async(evaluator: Evaluator) -> bool:
+    """Whether the evaluator's entry point is a coroutine function (ADK's default
+    ``evaluate_with_context`` hands over to ``evaluate_invocations``)."""
+    entry = type(evaluator).evaluate_with_context  # type: ignore[attr-defined]
+    if entry is _default_evaluate_with_context:
+        entry = type(evaluator).evaluate_invocations
+    return inspect.iscoroutinefunction(entry)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -106,15 +107,24 @@ def iter_eval_case_results(store: Any, record: EvaluationRecord) -> Iterator[Eva
 
 
 def _write_local(directory: Path, name: str, data: bytes) -> str:
+    """One file, written whole (temporary file, then rename); a failure leaves nothing."""
     directory.mkdir(parents=True, exist_ok=True)
+    # an eval set id may hold anything JSON allows; a file name may not (NUL, "/")
+    final = directory / (_UNSAFE_IN_FILE_NAME.sub("_", name) + HISTORY_SUFFIX)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=HISTORY_SUFFIX)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    final = directory / (name + HISTORY_SUFFIX)
-    os.replace(tmp, final)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return str(final)
+
+
+_UNSAFE_IN_FILE_NAME = re.compile(r"[\x00-\x1f/\\]")
 
 
 def history_writer(store_url: str, agent_dir: str | None) -> Callable[[EvaluationRecord], str]:
@@ -128,8 +138,9 @@ def history_writer(store_url: str, agent_dir: str | None) -> Callable[[Evaluatio
             return _write_local(Path(agent_dir) / ".adk" / "eval_history", name, data)
         ns = f"adk_history/{repo.ref_name(record.app_name)}"
         safe = repo.ref_name(name.replace(" ", "_"))
-        store.put_ref(ns, safe + ".evalset_result.json" if len(safe) < 150 else safe, data)
-        return f"{store.url}/v1/refs/{ns}/{safe}"
+        ref = safe + ".evalset_result.json" if len(safe) < 150 else safe
+        store.put_ref(ns, ref, data)
+        return f"{store.url}/v1/refs/{ns}/{ref}"
 
     return write
 

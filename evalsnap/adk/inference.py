@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import datetime as dt
 import re
@@ -15,7 +16,9 @@ from google.adk.plugins.base_plugin import BasePlugin
 from google.adk.sessions.in_memory_session_service import InMemorySessionService
 from google.adk.version import __version__ as ADK_VERSION
 
+from evalsnap import settings
 from evalsnap.adk.agent import LoadedAgent
+from evalsnap.deadlines import DeadlineExceeded, exceeded
 from evalsnap.fingerprint import inference_fingerprint
 from evalsnap.records import InferenceRecord
 
@@ -35,15 +38,89 @@ def clean_state(state: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 class _CountingPlugin(BasePlugin):
-    """Counts requests at the model boundary, whatever model the agent uses."""
+    """Counts requests at the model boundary, whatever model the agent uses, and keeps each
+    model call's deadline (``EVALSNAP_AGENT_CALL_TIMEOUT``).
 
-    def __init__(self) -> None:
+    A call is open from ``before_model_callback`` until its first response, its error, or
+    an event of its agent (an agent callback that answered instead of the model). A call
+    still open at its deadline cancels the inference (:func:`guarded`), which then fails.
+    """
+
+    def __init__(self, call_timeout: float | None = None) -> None:
         super().__init__(name="evalsnap_model_call_counter")
         self.calls = 0
+        self.call_timeout = call_timeout or settings.get().agent_call_timeout
+        self.expired: DeadlineExceeded | None = None
+        self.task: asyncio.Task[Any] | None = None
+        self._open: dict[int, tuple[str, asyncio.TimerHandle]] = {}
 
     async def before_model_callback(self, *, callback_context: Any, llm_request: Any) -> None:
         self.calls += 1
+        agent = str(getattr(callback_context, "agent_name", ""))
+        what = f"agent model call ({llm_request.model or 'model'} for {agent or 'the agent'})"
+        key = id(callback_context.actions)  # the same object in this call's after/error callbacks
+        handle = asyncio.get_running_loop().call_later(self.call_timeout, self._expire, key, what)
+        self._close(key)
+        self._open[key] = (agent, handle)
         return None
+
+    async def after_model_callback(self, *, callback_context: Any, llm_response: Any) -> None:
+        self._close(id(callback_context.actions))
+        return None
+
+    async def on_model_error_callback(self, *, callback_context: Any, llm_request: Any,
+                                      error: Exception) -> None:
+        self._close(id(callback_context.actions))
+        return None
+
+    async def on_event_callback(self, *, invocation_context: Any, event: Any) -> None:
+        for key, (agent, _) in list(self._open.items()):
+            if agent == getattr(event, "author", None):
+                self._close(key)
+        return None
+
+    def _close(self, key: int) -> None:
+        entry = self._open.pop(key, None)
+        if entry is not None:
+            entry[1].cancel()
+
+    def _expire(self, key: int, what: str) -> None:
+        self._open.pop(key, None)
+        if self.expired is None:
+            self.expired = exceeded(what, self.call_timeout, "EVALSNAP_AGENT_CALL_TIMEOUT")
+        if self.task is not None:
+            self.task.cancel()
+
+    def disarm(self) -> None:
+        for key in list(self._open):
+            self._close(key)
+
+
+async def guarded(work: Any, counter: _CountingPlugin, what: str) -> Any:
+    """Awaits ``work`` (a coroutine) as its own task under the inference's deadline
+    (``EVALSNAP_INFERENCE_TIMEOUT``) and its model calls' deadlines (``counter``): a deadline
+    hit raises :class:`~evalsnap.deadlines.DeadlineExceeded`; cancelling the caller cancels
+    the work."""
+    seconds = settings.get().inference_timeout
+    task = asyncio.ensure_future(work)
+    counter.task = task
+    whole = asyncio.timeout(seconds)
+    try:
+        async with whole:
+            return await task
+    except TimeoutError:
+        if not whole.expired():
+            raise
+        raise exceeded(what, seconds, "EVALSNAP_INFERENCE_TIMEOUT") from None
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if counter.expired is None or (current is not None and current.cancelling()):
+            raise
+        raise counter.expired from None
+    finally:
+        counter.disarm()
+        if not task.done():
+            task.cancel()
 
 
 class CapturingSessionService(InMemorySessionService):
@@ -91,6 +168,11 @@ async def run_inference(
     session_service: CapturingSessionService | None = None,
 ) -> InferenceRecord:
     """Runs the agent over one case; an exception becomes a ``failure`` record."""
+    if agent.framework == "langgraph":  # the LangGraph lane: same record, same contract
+        from evalsnap.langgraph.inference import run_graph_inference
+
+        return await run_graph_inference(agent, case, eval_set_id=eval_set_id, repetition=repetition,
+                                         run_id=run_id, attempt=attempt)
     counter = _CountingPlugin()
     sessions = session_service or CapturingSessionService()
     sessions.begin()
@@ -104,14 +186,15 @@ async def run_inference(
         run_id=run_id, created_at=now_iso(),
     )
     try:
-        invocations = await EvaluationGenerator._generate_inferences_from_root_agent(  # noqa: SLF001
-            root_agent=agent.root_agent,
-            user_simulator=UserSimulatorProvider(user_simulator_config).provide(case),
-            initial_session=case.session_input,
-            session_id=None,
-            session_service=sessions,
-            app=app,
-        )
+        invocations = await guarded(
+            EvaluationGenerator._generate_inferences_from_root_agent(  # noqa: SLF001
+                root_agent=agent.root_agent,
+                user_simulator=UserSimulatorProvider(user_simulator_config).provide(case),
+                initial_session=case.session_input,
+                session_id=None,
+                session_service=sessions,
+                app=app,
+            ), counter, f"the inference of case {case.eval_id!r}")
     except Exception as exc:  # ADK's own service absorbs these too; we record them
         return InferenceRecord(status="failure", error=f"{type(exc).__name__}: {exc}",
                                model_calls=counter.calls,

@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from evalsnap.startup import apply_defaults, prestart_for_command
 
@@ -16,6 +16,7 @@ prestart_for_command(sys.argv)  # before the heavy imports below (ADK, then Pref
 
 import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
+from rich.markup import escape  # noqa: E402
 
 from evalsnap import errors, startup  # noqa: E402
 from evalsnap.records import repo  # noqa: E402
@@ -37,6 +38,18 @@ RunnerOpt = Annotated[str | None, typer.Option(
 DaskAddressOpt = Annotated[str | None, typer.Option(
     "--dask-address", envvar="EVALSNAP_DASK_ADDRESS",
     help="Existing Dask scheduler, e.g. tcp://host:8786 (implies --task-runner dask)")]
+BaselineOpt = Annotated[str | None, typer.Option(
+    "--baseline", metavar="REF",
+    help="Compare with this run or record of the same eval set, or 'latest' (the newest "
+         "full run of it): the summary lists regressions and fixes")]
+ToleranceOpt = Annotated[float, typer.Option(
+    "--tolerance", min=0.0,
+    help="With --baseline: a score drop of more than this is a regression too (default 0: "
+         "only PASSED → FAILED and complete → incomplete are)")]
+FailOnOpt = Annotated[Literal["quality", "incomplete", "regression", "never"], typer.Option(
+    "--fail-on",
+    help="What makes the exit code non-zero: quality (default: 1 a quality failure, 3 "
+         "incomplete), incomplete (3), regression (1, needs --baseline), never")]
 
 
 def _storage_options(pairs: list[str] | None) -> dict[str, str]:
@@ -74,16 +87,21 @@ def _handled():
     try:
         yield
     except errors.EvalsnapError as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(getattr(exc, "exit_code", EXIT_USAGE)) from None
     except (typer.Exit, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - a crash is never a quality verdict
         import traceback
 
+        from evalsnap.pipeline.commits import published
+
         traceback.print_exc(file=sys.stderr)
-        err.print(f"[red]internal error:[/] {type(exc).__name__}: {exc}; the run is incomplete "
-                  "(nothing partial was published). Please report it with the traceback above.",
+        done = ", ".join(f"{p.record_oid} ({p.eval_set_id})" for p in published())
+        what = (f"records {done} were published before it, and nothing else was" if done
+                else "nothing partial was published")
+        err.print(f"[red]internal error:[/] {escape(f'{type(exc).__name__}: {exc}')}; the run is "
+                  f"incomplete ({escape(what)}). Please report it with the traceback above.",
                   highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_INCOMPLETE) from None
 
@@ -146,11 +164,13 @@ def _metrics_in(config: str | None, evalset: str | list[str] | None) -> list[str
 
 def _run_flow(flow_fn: Any, preload: list[str], storage_option: list[str] | None,
               progress: bool, **params: Any) -> dict[str, Any]:
-    """Runs a flow in this process (:func:`evalsnap.api.run_flow`); returns its summary."""
+    """Runs a flow in this process (:func:`evalsnap.api.run_flow`); returns its summary.
+    SIGINT and SIGTERM stop it within seconds (:mod:`evalsnap.cli.signals`)."""
     from evalsnap.api import run_flow
+    from evalsnap.cli.signals import run_stoppable
 
-    return run_flow(flow_fn, storage_options=_storage_options(storage_option), preload=preload,
-                    progress=_progress(progress), **params)
+    return run_stoppable(run_flow, flow_fn, storage_options=_storage_options(storage_option),
+                         preload=preload, progress=_progress(progress), **params)
 
 
 @contextmanager
@@ -188,7 +208,8 @@ def _flow_command(flow_fn: Any, storage_option: list[str] | None, as_json: bool,
 
 @app.command()
 def run(
-    agent_dir: Annotated[str, typer.Argument(help="ADK agent package directory")],
+    agent_dir: Annotated[str, typer.Argument(
+        help="Agent package directory (ADK, or LangGraph: exposes graph or has langgraph.json)")],
     evalset: Annotated[list[str], typer.Argument(help=(
         "Eval set(s) as adk eval takes them: FILE, FILE:ID,ID, an eval set id of the agent, "
         "or a directory of *.test.json files"))],
@@ -207,6 +228,11 @@ def run(
         help="Initial session of old-format *.test.json files (as AgentEvaluator's)")] = None,
     task_runner: RunnerOpt = None,
     dask_address: DaskAddressOpt = None,
+    baseline: BaselineOpt = None,
+    tolerance: ToleranceOpt = 0.0,
+    fail_on: FailOnOpt = "quality",
+    framework: Annotated[Literal["adk", "langgraph"] | None, typer.Option(
+        help="The agent's framework; default: detected from AGENT_DIR")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the agent on every case, freeze, score, publish (one record per eval set)."""
@@ -217,7 +243,8 @@ def run(
                   config=config, store=store, reuse=reuse, force=force, metrics=metric,
                   cases=case, repetitions=repetitions, task_runner=task_runner,
                   dask_address=dask_address, agent_name=agent_name,
-                  initial_session_file=initial_session_file)
+                  initial_session_file=initial_session_file, baseline=baseline or "",
+                  tolerance=tolerance, fail_on=fail_on, framework=framework or "")
 
 
 @app.command()
@@ -237,6 +264,9 @@ def rescore(
     agent_name: Annotated[str | None, typer.Option(help="Sub-agent of --agent")] = None,
     task_runner: RunnerOpt = None,
     dask_address: DaskAddressOpt = None,
+    baseline: BaselineOpt = None,
+    tolerance: ToleranceOpt = 0.0,
+    fail_on: FailOnOpt = "quality",
     as_json: JsonOpt = False,
 ) -> None:
     """Score frozen inference again with new references or rules; never calls the agent."""
@@ -249,7 +279,8 @@ def rescore(
     _flow_command(rescore_flow, storage_option, as_json, run_or_snapshot=run_or_snapshot,
                   evalset=evalset, config=config, store=store, reuse=reuse, force=force,
                   metrics=metric, cases=case, code_paths=paths, task_runner=task_runner,
-                  dask_address=dask_address, agent=agent, agent_name=agent_name)
+                  dask_address=dask_address, agent=agent, agent_name=agent_name,
+                  baseline=baseline or "", tolerance=tolerance, fail_on=fail_on)
 
 
 @app.command()
@@ -274,6 +305,7 @@ def show(
 # Commands of each area live in their own module and register on ``app``.
 from evalsnap.cli import inspect as cli_inspect  # noqa: E402,F401
 from evalsnap.cli import judge as cli_judge  # noqa: E402,F401
+from evalsnap.cli import report as cli_report  # noqa: E402,F401
 from evalsnap.cli import store as cli_store  # noqa: E402,F401
 
 
@@ -289,6 +321,13 @@ def main() -> None:
     import atexit
     import threading
 
+    from evalsnap import settings
+
+    try:
+        settings.get()  # a bad EVALSNAP_* value is a usage error, whatever the command
+    except errors.UsageError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        startup.leave_now(EXIT_USAGE)
     try:
         app()
         code: Any = 0

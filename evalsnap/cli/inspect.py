@@ -38,11 +38,14 @@ def diff(
     store: StoreOpt = ".evalsnap",
     storage_option: OptionOpt = None,
     all_rows: Annotated[bool, typer.Option("--all", help="Show unchanged units too")] = False,
+    fail_on_change: Annotated[bool, typer.Option(
+        "--fail-on-change", help="Exit 1 when any unit changed, was added or removed (0 when "
+                                 "nothing moved)")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Per case × metric: score and status changes, and which input moved."""
     from evalsnap.reports.diff import diff as diff_records
-    from evalsnap.reports.diff import diff_table
+    from evalsnap.reports.diff import diff_table, moved, nothing_moved
 
     with _handled():
         s = _open_store(store, storage_option)
@@ -51,8 +54,12 @@ def diff(
         result = diff_records(s, a_oid, a, b_oid, b)
     if as_json:
         _print_json(result)
-    else:
+    elif moved(result) or all_rows:
         out.print(diff_table(result, all_rows=all_rows))
+    else:
+        out.print(nothing_moved(result))
+    if fail_on_change and moved(result):
+        raise typer.Exit(1)
 
 
 @app.command(name="ls")
@@ -68,7 +75,8 @@ def ls(
     runs: list[dict[str, Any]] = [{"run_id": m.run_id, "kind": m.kind, "created_at": m.created_at,
              "eval_set_id": m.eval_set_id, "app_name": m.app_name,
              "record_id": m.record_oid, "snapshot_id": m.snapshot_oid,
-             "passed": m.passed, "complete": m.complete} for m in manifests]
+             "passed": m.passed, "complete": m.complete,
+             "full": m.full is not False} for m in manifests]
     snapshots: dict[str, dict[str, Any]] = {}
     for r in runs:  # newest first, so the first run seen is the snapshot's latest use
         if r["snapshot_id"] and r["snapshot_id"] not in snapshots:
@@ -92,12 +100,13 @@ def ls(
     table.add_column("created")
     table.add_column("run", no_wrap=True, min_width=max((len(r["run_id"]) for r in runs),
                                                         default=3))
-    for column in ("kind", "eval set", "record", "snapshot", "result"):
+    for column in ("kind", "eval set", "covers", "record", "snapshot", "result"):
         table.add_column(column)
     for r in runs:
         verdict = ("[green]passed[/]" if r["passed"] else
                    "[red]failed[/]" if r["complete"] else "[yellow]incomplete[/]")
         table.add_row(r["created_at"][:16].replace("T", " "), r["run_id"], r["kind"],
-                      r["eval_set_id"], short(r["record_id"], 8),
+                      r["eval_set_id"], "full" if r["full"] else "[yellow]subset[/]",
+                      short(r["record_id"], 8),
                       short(r["snapshot_id"] or "-", 8), verdict)
     out.print(table)

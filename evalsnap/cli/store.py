@@ -1,10 +1,11 @@
-"""CLI commands: verify, import-adk-history. Registered on ``evalsnap.cli.app``."""
+"""CLI commands: verify, gc, import-adk-history. Registered on ``evalsnap.cli.app``."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from evalsnap.cli import (
     JsonOpt,
@@ -36,13 +37,46 @@ def verify(
     else:
         counted = ", ".join(f"{n} {kind}" for kind, n in report.objects.items())
         out.print(f"{report.store}: {counted}; {report.runs} run manifest(s), "
-                  f"{report.index_entries} index entries", highlight=False)
+                  f"{report.index_entries} index entries, {report.task_results} cached task "
+                  "result(s)", highlight=False)
         for f in report.findings:
-            err.print(f"[red]{f.kind}[/] {f.location}: {f.message}", highlight=False,
+            err.print(f"[red]{f.kind}[/] {escape(f.location)}: {escape(f.message)}", highlight=False,
                       soft_wrap=True)
         out.print("ok: nothing wrong" if report.ok else
                   f"{len(report.findings)} problem(s) found", highlight=False)
     raise typer.Exit(0 if report.ok else 1)
+
+
+@app.command()
+def gc(
+    keep_last: Annotated[int | None, typer.Option(
+        help="Keep the newest N runs of each eval set")] = None,
+    older_than: Annotated[float | None, typer.Option(
+        help="Remove runs older than DAYS (with --keep-last: only beyond the newest N)")] = None,
+    grace: Annotated[str, typer.Option(help=(
+        "Keep everything younger than this (e.g. 1h, 30m, 0); above your longest run"))] = "1h",
+    dry_run: Annotated[bool, typer.Option(help="Only list what would be removed")] = False,
+    store: StoreOpt = ".evalsnap",
+    storage_option: OptionOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Remove old runs and every object no kept run names (the newest run of each eval set stays)."""
+    from evalsnap.records.gc import collect, gc_table, parse_duration
+
+    with _handled():
+        s = _open_store(store, storage_option)  # never writes v1/STORE: gc is not a writer
+        report = collect(s, keep_last=keep_last, older_than_days=older_than,
+                         grace=parse_duration(grace), dry_run=dry_run)
+    if as_json:
+        _print_json(report.as_dict())
+        return
+    verb = "would remove" if dry_run else "removed"
+    for run in report.runs_removed:
+        out.print(f"{verb} run {run['run_id']} ({run['eval_set_id']}, {run['created_at']})",
+                  highlight=False)
+    out.print(gc_table(report))
+    for line in ([report.objects_deferred] if report.objects_deferred else []) + report.warnings:
+        err.print(f"[yellow]note:[/] {line}", highlight=False, soft_wrap=True)
 
 
 @app.command(name="import-adk-history")

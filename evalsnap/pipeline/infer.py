@@ -44,6 +44,8 @@ class InferBatch(BaseModel):
     agent_dir: str
     agent_name: str | None = None
     """The sub-agent evaluated instead of the root agent (``AgentEvaluator``'s ``agent_name``)."""
+    framework: str | None = None
+    """``adk`` or ``langgraph`` when forced (``--framework``); None: detected."""
     eval_set_id: str
     run_id: str
     reuse: bool
@@ -57,10 +59,11 @@ class InferBatch(BaseModel):
 
 
 @functools.lru_cache(maxsize=8)
-def agent_at(agent_dir: str, agent_name: str | None = None) -> LoadedAgent:
+def agent_at(agent_dir: str, agent_name: str | None = None,
+             framework: str | None = None) -> LoadedAgent:
     """The agent package, imported once per process (trusted live code, as in ADK: every
     process that runs or scores for it imports it, so what it registers is there)."""
-    return load_agent(agent_dir, agent_name=agent_name)
+    return load_agent(agent_dir, agent_name=agent_name, framework=framework)
 
 
 async def _one(batch: InferBatch, item: InferItem, attempt: int) -> InferenceOutcome:
@@ -76,7 +79,7 @@ async def _one(batch: InferBatch, item: InferItem, attempt: int) -> InferenceOut
                                 if record.run_id == batch.run_id else 0)
     case = EvalCase.model_validate_json(item.case_json)
     async with limits.model_slot("agent"):
-        record = await run_inference(agent_at(batch.agent_dir, batch.agent_name), case,
+        record = await run_inference(agent_at(batch.agent_dir, batch.agent_name, batch.framework), case,
                                      eval_set_id=batch.eval_set_id, repetition=item.repetition,
                                      run_id=batch.run_id, attempt=attempt)
     oid = repo.put(store, record)
@@ -113,7 +116,7 @@ def infer_batch(batch: InferBatch, attempt: int = 1) -> list[InferenceOutcome]:
 def record_failures(batch: InferBatch, error: str, attempts: int) -> list[InferenceOutcome]:
     """Failed inferences for every item of a batch whose task failed as a whole."""
     store = repo.open_store(batch.store_url)
-    agent = agent_at(batch.agent_dir, batch.agent_name)
+    agent = agent_at(batch.agent_dir, batch.agent_name, batch.framework)
     out = []
     for item in batch.items:
         record = InferenceRecord(

@@ -30,6 +30,7 @@ from google.genai import types
 
 from evalsnap import settings
 from evalsnap.adk.judge_adapters import JudgeAdapter, adapter_for
+from evalsnap.deadlines import exceeded
 from evalsnap.pipeline.limits import model_slot
 
 logger = logging.getLogger(__name__)
@@ -248,12 +249,12 @@ class JudgeRecorder:
                           view: dict[str, Any], prompt: str) -> AsyncGenerator[LlmResponse, None]:
         judge_class = f"{type(self.inner).__module__}.{type(self.inner).__qualname__}"
         delays = retry_delays()
+        timeout = settings.get().judge_call_timeout
         for attempt in range(1, len(delays) + 2):
             call = self._new_call(key, sample, view, prompt, judge_class, attempt)
             try:
                 async with model_slot("judge"):
-                    responses = [r async for r in self.inner.generate_content_async(
-                        llm_request, stream)]
+                    responses = await self._answers(llm_request, stream, timeout)
             except Exception as exc:
                 call.error = f"{type(exc).__name__}: {exc}"
                 if attempt <= len(delays) and is_transient(exc):
@@ -267,6 +268,18 @@ class JudgeRecorder:
             for response in responses:
                 yield response
             return
+
+
+    async def _answers(self, llm_request: LlmRequest, stream: bool,
+                       timeout: float) -> list[LlmResponse]:
+        async def collect() -> list[LlmResponse]:
+            return [r async for r in self.inner.generate_content_async(llm_request, stream)]
+
+        try:
+            return await asyncio.wait_for(collect(), timeout)
+        except TimeoutError:
+            raise exceeded(f"judge call to {self.model or 'the judge model'}", timeout,
+                           "EVALSNAP_JUDGE_CALL_TIMEOUT") from None
 
 
 def attach_recorder(evaluator: Any, source: LedgerSource | None = None) -> JudgeRecorder | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,9 @@ from evalsnap.pipeline.outcomes import InferenceOutcome, UnitOutcome
 from evalsnap.pipeline.publish import PublishRequest
 from evalsnap.pipeline.score import ScoreRequest
 from evalsnap.records import EvaluationRecord, Snapshot, repo
+from evalsnap.records.record import Baseline, Coverage
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -41,6 +45,8 @@ class Plan:
     agent_dir: str | None = None
     """The agent package every scoring process imports first (``--agent`` for a rescore)."""
     agent_name: str | None = None
+    framework: str | None = None
+    """``adk`` or ``langgraph`` when forced; None: detected from the package."""
     repetitions: int = 1
     metric_names: list[str] = field(default_factory=list)
     case_ids: list[str] = field(default_factory=list)
@@ -50,6 +56,22 @@ class Plan:
     source_outcomes: list[InferenceOutcome] = field(default_factory=list)
     skipped_cases: list[str] = field(default_factory=list)
     uninferred_cases: list[str] = field(default_factory=list)
+    source_note: str | None = None
+    """Why a rescore's source does not cover its whole eval set and config, if it does not."""
+    baseline: Baseline | None = None
+    """The record this run is compared with (``--baseline``)."""
+
+    def coverage(self) -> Coverage:
+        """What of the eval set and config this run covers: a subset is never ``latest``."""
+        cases = set(self.case_ids)
+        missing_cases = [c.eval_id for c in self.eval_set.eval_cases if c.eval_id not in cases]
+        missing_metrics = [r.metric_name for r in self.config.rules
+                           if r.metric_name not in set(self.metric_names)]
+        repetitions = (max((o.repetition for o in self.source_outcomes), default=0) + 1
+                       if self.agent is None else self.repetitions)
+        return Coverage(full=not (missing_cases or missing_metrics or self.source_note),
+                        missing_cases=missing_cases, missing_metrics=missing_metrics,
+                        repetitions=repetitions, note=self.source_note)
 
     @property
     def config_json(self) -> str:
@@ -79,7 +101,8 @@ class Plan:
         s = settings.get()
         progress.expect("inference", len(items))
         return [InferBatch(store_url=self.store_url, agent_dir=str(self.agent.path),
-                           agent_name=self.agent_name, eval_set_id=self.eval_set.eval_set_id,
+                           agent_name=self.agent_name, framework=self.framework,
+                           eval_set_id=self.eval_set.eval_set_id,
                            run_id=run.run_id, reuse=run.reuse, concurrency=run.concurrency,
                            items=[items[i] for i in part])
                 for part in batches(len(items), s.max_workers, s.infer_batch)]
@@ -116,7 +139,8 @@ class Plan:
             store_url=self.store_url, run_id=run.run_id, kind=run.kind, snapshot_oid=snapshot_oid,
             inference=outcomes, units=units, reuse=run.reuse, force=run.force, source=self.source,
             skipped_cases=self.skipped_cases, uninferred_cases=self.uninferred_cases,
-            agent_dir=str(self.agent.path) if self.agent else None, prices=self.config.prices)
+            agent_dir=str(self.agent.path) if self.agent else None, prices=self.config.prices,
+            coverage=self.coverage(), baseline=self.baseline)
 
 
 class RunOptions(BaseModel):
@@ -194,7 +218,8 @@ def _select_in_several(plans: list[Plan], targets: list[EvalTarget], metrics: li
 def plan_runs(agent_dir: str, evalsets: str | list[str], config: str | None, store_url: str,
               metrics: list[str] | None = None, cases: list[str] | None = None,
               repetitions: int = 1, agent_name: str | None = None,
-              initial_session_file: str | None = None) -> list[Plan]:
+              initial_session_file: str | None = None, baseline: str = "",
+              tolerance: float = 0.0, framework: str | None = None) -> list[Plan]:
     """One plan per eval set a run covers (:mod:`evalsnap.adk.targets`), in the order given.
 
     ``initial_session_file`` is ``AgentEvaluator``'s: the session state of old-format
@@ -211,7 +236,7 @@ def plan_runs(agent_dir: str, evalsets: str | list[str], config: str | None, sto
     eval_sets = [load_eval_set(t.path, initial_session=initial_session) for t in targets]
     # The agent package is trusted live code, as in ADK: imported before the config is
     # resolved, so that models and evaluators it registers are there for the config.
-    agent = load_agent(agent_dir, agent_name=agent_name)
+    agent = load_agent(agent_dir, agent_name=agent_name, framework=framework)
     configs: dict[Path | None, LoadedConfig] = {}
     for target in targets:
         if target.config_path not in configs:
@@ -220,13 +245,40 @@ def plan_runs(agent_dir: str, evalsets: str | list[str], config: str | None, sto
     store.check()
     plans = [Plan(store_url=store.url, eval_set=eval_set, config=configs[target.config_path],
                   agent=agent, agent_dir=str(agent.path), agent_name=agent_name,
-                  repetitions=repetitions, sys_paths=[str(agent_path.parent)])
+                  framework=framework, repetitions=repetitions, sys_paths=[str(agent_path.parent)])
              for target, eval_set in zip(targets, eval_sets, strict=True)]
     if len(plans) == 1:
         _select(plans[0], metrics, _union(targets[0].case_ids, cases))
-        return plans
-    _check_distinct(plans, targets)
-    return _select_in_several(plans, targets, metrics, cases)
+    else:
+        _check_distinct(plans, targets)
+        plans = _select_in_several(plans, targets, metrics, cases)
+    for plan in plans:
+        plan.baseline = resolve_baseline(store, baseline, plan.eval_set.eval_set_id, tolerance)
+    return plans
+
+
+def resolve_baseline(store: Any, ref: str, eval_set_id: str, tolerance: float) -> Baseline | None:
+    """The record ``--baseline REF`` names: a run or record id of the same eval set, or
+    ``latest``, the newest *full* run of it (none yet: no comparison, a warning)."""
+    if not ref:
+        return None
+    if tolerance < 0:
+        raise UsageError(f"--tolerance must be 0 or more, not {tolerance}.")
+    if ref == "latest":
+        manifest = repo.latest_manifest(store, eval_set_id=eval_set_id, fallback=False)
+        if manifest is None:
+            logger.warning("no earlier full run of eval set %s in store %s: nothing to compare "
+                           "with (--baseline latest); regressions are counted from the next "
+                           "run on", eval_set_id, store.url)
+            return Baseline(requested=ref, tolerance=tolerance)
+        return Baseline(requested=ref, record_oid=manifest.record_oid, run_id=manifest.run_id,
+                        tolerance=tolerance)
+    oid, record = repo.resolve_record(store, ref)
+    if record.eval_set_id != eval_set_id:
+        raise UsageError(f"baseline {ref} is a record of eval set {record.eval_set_id!r}, not "
+                         f"{eval_set_id!r}; compare with a run of the same eval set "
+                         "(or --baseline latest).")
+    return Baseline(requested=ref, record_oid=oid, run_id=record.run_id, tolerance=tolerance)
 
 
 def _check_distinct(plans: list[Plan], targets: list[EvalTarget]) -> None:
@@ -270,10 +322,12 @@ def _config_from_snapshot(snapshot: Snapshot) -> LoadedConfig:
 def plan_rescore(run_or_snapshot: str, store_url: str, evalset: str | None,
                  config: str | None, metrics: list[str] | None = None,
                  cases: list[str] | None = None, sys_paths: list[str] | None = None,
-                 agent_dir: str | None = None, agent_name: str | None = None) -> Plan:
+                 agent_dir: str | None = None, agent_name: str | None = None,
+                 baseline: str = "", tolerance: float = 0.0) -> Plan:
     store = repo.open_store(store_url)
     store.check()
     snapshot_oid, snapshot = resolve_snapshot(store, run_or_snapshot)
+    source_note = _subset_source(store, run_or_snapshot, snapshot_oid)
     if agent_dir is not None:
         # ``--agent``: the user names the package (never the record); imported first, as for
         # a run, so that what it registers is there for the config (it is never called)
@@ -303,8 +357,10 @@ def plan_rescore(run_or_snapshot: str, store_url: str, evalset: str | None,
                 agent_dir=agent_dir, agent_name=agent_name,
                 sys_paths=list(sys_paths or []),
                 skipped_cases=sorted(frozen_ids - new_ids),
-                uninferred_cases=sorted(new_ids - frozen_ids))
+                uninferred_cases=sorted(new_ids - frozen_ids), source_note=source_note)
     _select(plan, metrics, cases)
+    # cases left out by --case are not "without inference": the selection does not ask for them
+    plan.uninferred_cases = [c for c in plan.uninferred_cases if c in set(plan.case_ids)]
     plan.case_ids = [c for c in plan.case_ids if c in frozen_ids]
     if not plan.case_ids:
         raise UsageError(f"none of the selected cases has frozen inference in {run_or_snapshot} "
@@ -317,7 +373,24 @@ def plan_rescore(run_or_snapshot: str, store_url: str, evalset: str | None,
                          status="success" if c.inference_ok else "failure",
                          run_id=repo.inference_run_id(store, c.inference_oid))
         for c in snapshot.cases if c.eval_id in selected]
+    plan.baseline = resolve_baseline(store, baseline, plan.eval_set.eval_set_id, tolerance)
     return plan
+
+
+def _subset_source(store: Any, ref: str, snapshot_oid: str) -> str | None:
+    """Why a rescore's source covers only part of its eval set or config (None: it is full).
+
+    A run or record says it itself; a bare snapshot id is as full as the newest record of
+    it (records written before coverage was recorded are full)."""
+    try:
+        oid, record = repo.resolve_record(store, ref)
+    except NotFoundError:
+        records = [m for m in repo.list_manifests(store) if m.snapshot_oid == snapshot_oid]
+        full = records[0].full is not False if records else True
+        return None if full else f"snapshot {snapshot_oid} was frozen by a subset run"
+    if record.full:
+        return None
+    return f"the source {ref} ({record.run_id}) covers only part of its eval set or config"
 
 
 def record_of(store: Any, ref: str) -> tuple[str, EvaluationRecord]:

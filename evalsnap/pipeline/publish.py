@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 from evalsnap.adk.inference import now_iso
 from evalsnap.errors import EvalsnapError
-from evalsnap.pipeline import efficiency
+from evalsnap.pipeline import commits, efficiency
 from evalsnap.pipeline.outcomes import InferenceOutcome, UnitOutcome
 from evalsnap.records import (
     EvaluationRecord,
@@ -22,10 +22,13 @@ from evalsnap.records import (
     UnitRef,
     repo,
 )
-from evalsnap.records.record import ModelPrice, TokenCounts
+from evalsnap.records.record import Baseline, Coverage, ModelPrice, TokenCounts
 from storage import Store
 
 logger = logging.getLogger(__name__)
+
+
+RECOVERED = "recovered: scored by an interrupted run that published no record"
 
 
 class _UnusableParent(Exception):
@@ -152,6 +155,22 @@ class PublishRequest(BaseModel):
     """Where a local store's ADK history copy goes (``AGENT_DIR/.adk/eval_history``)."""
     prices: dict[str, ModelPrice] | None = None
     """The config's ``evalsnapPrices`` (None: no table), for the estimated cost only."""
+    coverage: Coverage | None = None
+    """What of the eval set and config the run covers (the plan knows)."""
+    baseline: Baseline | None = None
+    """The earlier record the run is compared with (``--baseline``), if any."""
+
+
+def _unscored(snapshot: Snapshot, inference: list[InferenceOutcome], units: list[UnitOutcome],
+              uninferred: list[str]) -> list[str]:
+    """What the run selected and has no unit for (a run that scored nothing passes nothing)."""
+    have = {(o.eval_id, o.repetition, o.metric_name) for o in units}
+    missing = [f"{i.eval_id}#{i.repetition}/{r.metric_name}" for i in inference
+               for r in snapshot.rules if (i.eval_id, i.repetition, r.metric_name) not in have]
+    if missing:
+        logger.warning("%d selected case × metric pairs have no unit (first %s): the run is "
+                       "incomplete", len(missing), missing[0])
+    return [f"{c}/*" for c in uninferred] + missing
 
 
 def publish_request(req: PublishRequest) -> tuple[str, EvaluationRecord]:
@@ -163,7 +182,7 @@ def publish_request(req: PublishRequest) -> tuple[str, EvaluationRecord]:
                    reuse=req.reuse, force=req.force, source=req.source,
                    skipped_cases=req.skipped_cases, uninferred_cases=req.uninferred_cases,
                    history_writer=history_writer(req.store_url, req.agent_dir),
-                   prices=req.prices)
+                   prices=req.prices, coverage=req.coverage, baseline=req.baseline)
 
 
 def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
@@ -171,7 +190,8 @@ def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
             force: bool, source: str | None = None, skipped_cases: list[str] | None = None,
             uninferred_cases: list[str] | None = None,
             history_writer: Any = None,
-            prices: dict[str, ModelPrice] | None = None) -> tuple[str, EvaluationRecord]:
+            prices: dict[str, ModelPrice] | None = None, coverage: Coverage | None = None,
+            baseline: Baseline | None = None) -> tuple[str, EvaluationRecord]:
     """Writes the record, points indexes at it, then writes the run manifest last."""
     store = repo.open_store(store_url)
     snapshot = repo.get_snapshot(store, snapshot_oid)
@@ -182,19 +202,18 @@ def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
         logger.warning("previous record %s is unusable (%s); this record names no parent",
                        parent_oid, exc)
         parent_oid, parent_units, parent_snapshot = None, {}, None
-    readable_cache: dict[str, bool] = {}
+    readable_cache: dict[str, EvaluationRecord | None] = {}
 
-    def readable(oid: str | None) -> bool:
+    def provenance(oid: str | None) -> EvaluationRecord | None:
         """A provenance pointer names only a record that can be read (never a damaged one)."""
         if oid is None:
-            return False
+            return None
         if oid not in readable_cache:
             try:
-                repo.get(store, EvaluationRecord, oid)
-                readable_cache[oid] = True
+                readable_cache[oid] = repo.get(store, EvaluationRecord, oid)
             except EvalsnapError as exc:
                 logger.warning("record %s unusable as provenance: %s", oid, exc)
-                readable_cache[oid] = False
+                readable_cache[oid] = None
         return readable_cache[oid]
 
     @functools.cache
@@ -205,20 +224,35 @@ def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
         except EvalsnapError:
             return None
 
-    unit_refs = []
+    def published_origin(o: UnitOutcome) -> tuple[str | None, EvaluationRecord | None]:
+        """Lineage names only a readable record that its run published (has a manifest): the
+        record the reuse named, else the one the unit's run published, else the one the unit
+        index names now. None: a killed run scored it (Prefect's cache kept its task)."""
+        def indexed() -> str | None:
+            entry = repo.unit_index_entry(store, o.unit_fingerprint) or {}
+            return entry.get("record_oid") if entry.get("unit_oid") == o.unit_oid else None
+
+        for candidate in (lambda: o.reused_from_record, lambda: record_of(o.run_id), indexed):
+            oid = candidate()
+            record = provenance(oid)
+            if record is not None and record_of(record.run_id) == oid:
+                return oid, record
+        return None, None
+
+    unit_refs, recovered = [], []
     for o in units:
         reused = o.run_id != run_id
-        record_of_reuse = o.reused_from_record
-        if reused and record_of_reuse is None:
-            record_of_reuse = record_of(o.run_id)
+        origin_oid, origin = published_origin(o) if reused else (None, None)
+        if reused and origin is None:
+            recovered.append(o)
         unit_refs.append(UnitRef(
             eval_id=o.eval_id, repetition=o.repetition, metric_name=o.metric_name,
             unit_oid=o.unit_oid, unit_fingerprint=o.unit_fingerprint,
             case_fingerprint=o.case_fingerprint, rule_fingerprint=o.rule_fingerprint,
-            reused=reused, reused_from_run=o.run_id if reused else None,
-            reused_from_record=record_of_reuse if reused and readable(record_of_reuse) else None,
-            why="reused" if reused else explain_change(o, snapshot, parent_units,
-                                                       parent_snapshot)))
+            reused=reused, reused_from_run=origin.run_id if origin else None,
+            reused_from_record=origin_oid if origin else None,
+            why=("reused" if origin else RECOVERED) if reused
+            else explain_change(o, snapshot, parent_units, parent_snapshot)))
     inf_refs, agent_unreported = [], 0
     for i in inference:
         ref, unreported = inference_ref(store, i, run_id)
@@ -228,9 +262,11 @@ def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
     judge_calls = sum(o.judge_calls for o in fresh)
     judge_by_model, judge_unreported = judge_spend(fresh)
     statuses = [o.status for o in units]
-    complete = all(o.complete for o in units) and all(i.status == "success" for i in inference)
+    unscored = _unscored(snapshot, inference, units, uninferred_cases or [])
+    complete = (not unscored and all(o.complete for o in units)
+                and all(i.status == "success" for i in inference))
     summary = RunSummary(
-        complete=complete,
+        complete=complete, unscored=unscored,
         passed=complete and all(s in ("PASSED", "INFORMATIONAL") for s in statuses),
         agent_calls=sum(r.model_calls for r in inf_refs), judge_calls=judge_calls,
         reused_units=len(units) - len(fresh), scored_units=len(fresh),
@@ -242,23 +278,31 @@ def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
         app_name=snapshot.app_name, snapshot_oid=snapshot_oid, parent_record=parent_oid,
         source=source, reuse=reuse, force=force, inference=inf_refs, units=unit_refs,
         skipped_cases=skipped_cases or [], uninferred_cases=uninferred_cases or [],
-        summary=summary, created_at=now_iso())
+        summary=summary, created_at=now_iso(), coverage=coverage, baseline=baseline)
     if history_writer is not None:
         try:
             record = record.model_copy(update={"adk_history_path": history_writer(record)})
         except Exception as exc:  # noqa: BLE001 - the interop copy must not lose the run
             logger.warning("could not write the ADK history copy: %s", exc)
-    record_oid = repo.put(store, record)
-    for o in fresh:
-        repo.index_unit(store, o.unit_fingerprint, o.complete, o.unit_oid, o.run_id, record_oid)
-    repo.set_latest_record(store, snapshot.eval_set_id, record_oid, run_id)
-    objects = [ManifestEntry(kind="record", oid=record_oid),
-               ManifestEntry(kind="snapshot", oid=snapshot_oid)]
-    objects += [ManifestEntry(kind="inference", oid=i.inference_oid) for i in inf_refs]
-    objects += [ManifestEntry(kind="unit", oid=u.unit_oid) for u in unit_refs]
-    repo.write_manifest(store, RunManifest(
-        run_id=run_id, eval_set_id=snapshot.eval_set_id, app_name=snapshot.app_name,
-        kind=kind, record_oid=record_oid, snapshot_oid=snapshot_oid,  # type: ignore[arg-type]
-        objects=objects, passed=summary.passed, complete=summary.complete,
-        created_at=record.created_at))
+    with commits.committing():  # a signal waits for the commit to end (evalsnap.cli.signals)
+        record_oid = repo.put(store, record)
+        for o in fresh + recovered:
+            repo.index_unit(store, o.unit_fingerprint, o.complete, o.unit_oid, o.run_id, record_oid)
+        repo.set_latest_record(store, snapshot.eval_set_id, record_oid, run_id)
+        try:  # the HTML report beside the record (v1/refs/reports/<record hex>.html), before the manifest
+            from evalsnap.reports.html import store_report
+
+            store_report(store, record_oid, record)
+        except Exception as exc:  # noqa: BLE001 - a view of the record must not lose the run
+            logger.warning("could not write the HTML report of record %s: %s", record_oid, exc)
+        objects = [ManifestEntry(kind="record", oid=record_oid),
+                   ManifestEntry(kind="snapshot", oid=snapshot_oid)]
+        objects += [ManifestEntry(kind="inference", oid=i.inference_oid) for i in inf_refs]
+        objects += [ManifestEntry(kind="unit", oid=u.unit_oid) for u in unit_refs]
+        repo.write_manifest(store, RunManifest(
+            run_id=run_id, eval_set_id=snapshot.eval_set_id, app_name=snapshot.app_name,
+            kind=kind, record_oid=record_oid, snapshot_oid=snapshot_oid,  # type: ignore[arg-type]
+            objects=objects, passed=summary.passed, complete=summary.complete,
+            created_at=record.created_at, full=record.full))
+        commits.mark_published(snapshot.eval_set_id, record_oid, run_id)
     return record_oid, record

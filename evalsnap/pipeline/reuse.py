@@ -119,7 +119,7 @@ def reusable_unit(store: Store, rule: MetricRule, frozen: FrozenCase, *, reuse: 
         eval_id=frozen.eval_id, repetition=frozen.repetition, metric_name=rule.metric_name,
         unit_oid=oid, unit_fingerprint=ufp, case_fingerprint=frozen.case_fingerprint,
         rule_fingerprint=rule.rule_fingerprint, complete=True, status=unit.status,
-        score=unit.score, run_id=unit.run_id, reused_from_record=entry.get("record_oid"),
+        score=unit.score, run_id=entry["run_id"], reused_from_record=entry.get("record_oid"),
         why="reused"), "reused"
 
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from evalsnap import settings
 from evalsnap.adk.config import LoadedConfig, resolve_config
+from evalsnap.deadlines import metric_timeout
 from evalsnap.errors import ConfigError
 from evalsnap.pipeline import efficiency, ledger, progress, reuse
 from evalsnap.pipeline.outcomes import UnitOutcome
@@ -139,7 +140,9 @@ async def score_metric_async(req: ScoreRequest,
             unit, recorder = await score_unit(rule, eval_metric, frozen, inference,
                                               live.registry, run_id=req.run_id,
                                               judge_source=judge_source,
-                                              inference_is_private=True)
+                                              inference_is_private=True,
+                                              timeout=metric_timeout(live.timeouts,
+                                                                     rule.metric_name))
         reused_samples = 0
         entries: list[LedgerEntry] = []
         if recorder is not None:

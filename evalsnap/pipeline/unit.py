@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import math
 from typing import Any
@@ -14,6 +15,7 @@ from google.adk.evaluation.metric_evaluator_registry import MetricEvaluatorRegis
 from evalsnap.adk.context import make_context, run_evaluator
 from evalsnap.adk.inference import now_iso
 from evalsnap.adk.rubrics import copy_rubrics
+from evalsnap.deadlines import DeadlineExceeded, exceeded, metric_timeout
 from evalsnap.fingerprint import unit_fingerprint
 from evalsnap.pipeline.judge import JudgeRecorder, LedgerSource, attach_recorder
 from evalsnap.records import FrozenCase, InferenceRecord, MetricRule, ScoreUnit, UnitRow
@@ -104,6 +106,7 @@ async def score_unit(
     run_id: str = "",
     judge_source: LedgerSource | None = None,
     inference_is_private: bool = False,
+    timeout: tuple[float, str] | None = None,
 ) -> tuple[ScoreUnit, JudgeRecorder | None]:
     """Scores ``rule`` on ``frozen``; never raises for a metric's own failure.
 
@@ -111,7 +114,9 @@ async def score_unit(
     where it is strict); live judge calls go through :mod:`evalsnap.pipeline.limits`.
     Evaluators get copies, so nothing they do reaches a persisted input; a caller whose
     ``inference`` was parsed for this call alone says ``inference_is_private=True`` and
-    saves the deep copy (it was the largest cost of scoring).
+    saves the deep copy (it was the largest cost of scoring). ``timeout`` (seconds, and the
+    setting it comes from; default :func:`evalsnap.deadlines.metric_timeout`) bounds the
+    evaluation: past it the unit is NOT_EVALUATED.
     """
     if not inference.ok:
         return not_evaluated(rule, frozen, run_id, f"inference failed: {inference.error}"), None
@@ -134,8 +139,20 @@ async def score_unit(
         recorder = attach_recorder(evaluator, judge_source)
         context = make_context(inference.initial_session_state, inference.final_session_state,
                                reference.final_session_state)
-        result = await run_evaluator(evaluator, actual, expected,
-                                     reference.conversation_scenario, context)
+        seconds, setting = timeout or metric_timeout({}, rule.metric_name)
+        deadline = asyncio.timeout(seconds)
+        try:
+            async with deadline:
+                result = await run_evaluator(evaluator, actual, expected,
+                                             reference.conversation_scenario, context,
+                                             user_code=rule.evaluator.kind != "builtin")
+        except TimeoutError:
+            if not deadline.expired():
+                raise  # the metric's own TimeoutError: its error, not our deadline
+            raise exceeded(f"metric {rule.metric_name!r}", seconds, setting) from None
+    except DeadlineExceeded as exc:
+        return _judge_trace(not_evaluated(rule, frozen, run_id, str(exc), len(actual)),
+                            rule, recorder), recorder
     except USER_CODE_ERRORS as exc:
         return _judge_trace(not_evaluated(
             rule, frozen, run_id, f"metric raised {type(exc).__name__}: {exc}", len(actual)),

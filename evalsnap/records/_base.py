@@ -57,11 +57,17 @@ class StoredModel(BaseModel):
 
     KIND: ClassVar[str] = "object"
     SCHEMA_VERSION: ClassVar[int] = 1
+    VOLATILE: ClassVar[frozenset[str]] = frozenset()
+    """Fields that say when or by which run an object was made, not what it is: left out of
+    the stored bytes (they read back as their defaults), so the same work gives the same
+    object, and writing it again repairs a damaged copy (``Store.put_object``). Who made an
+    object is said by the run manifests and index entries that name it."""
 
     def to_bytes(self) -> bytes:
         """The bytes stored: JSON, keys sorted so equal records give equal objects."""
         return json.dumps(
-            self.model_dump(mode="json"), sort_keys=True, ensure_ascii=False, allow_nan=False
+            self.model_dump(mode="json", exclude=set(self.VOLATILE)), sort_keys=True,
+            ensure_ascii=False, allow_nan=False,
         ).encode()
 
     @classmethod

@@ -13,6 +13,7 @@ class LedgerEntry(StoredModel):
     """An auditable judge call. Never holds credentials, API keys or HTTP headers."""
 
     KIND: ClassVar[str] = "judge"
+    VOLATILE: ClassVar[frozenset[str]] = frozenset({"run_id", "created_at"})
     SCHEMA_VERSION: ClassVar[int] = 1
 
     schema_version: int = 1
@@ -62,6 +63,7 @@ class LedgerEntry(StoredModel):
     """Object id of the entry this answer was taken from, when ``source`` is ``ledger``."""
     run_id: str = ""
     created_at: str = ""
+    """``run_id`` and ``created_at`` are VOLATILE: never stored (empty when read back)."""
     extra: dict[str, Any] = Field(default_factory=dict)
     """Evaluator-specific details (e.g. the number of samples requested)."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -104,6 +105,9 @@ class RunSummary(BaseModel):
     reused_units: int
     scored_units: int
     reused_judge_samples: int = 0
+    unscored: list[str] = Field(default_factory=list)
+    """Selected ``case/metric`` pairs (``eval_id#repetition/metric``) without a unit, and
+    selected cases without inference (``eval_id/*``): the run is then incomplete."""
     agent_tokens: TokenCounts | None = None
     """Agent tokens spent by this run (zeros when it called no agent model; None when its
     calls reported no usage, and in records written before tokens were counted)."""
@@ -121,6 +125,39 @@ class RunSummary(BaseModel):
     """The prices the estimate used (the table's entries for the models this run used)."""
     cost_note: str | None = None
     """Why ``estimated_cost`` is None."""
+
+
+class Coverage(BaseModel):
+    """What part of its eval set and config a record covers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    full: bool
+    """Every case of the eval set and every metric of the config (a rescore: of a full
+    source, every case of it with inference). ``latest`` and default baselines skip the
+    records that are not."""
+    missing_cases: list[str] = Field(default_factory=list)
+    """Eval_ids of the eval set this record does not cover."""
+    missing_metrics: list[str] = Field(default_factory=list)
+    """Metrics of the config this record does not score."""
+    repetitions: int = 1
+    """Runs of the agent per case."""
+    note: str | None = None
+    """Why the record is not full when no case or metric list says it (a subset source)."""
+
+
+class Baseline(BaseModel):
+    """The earlier record a run was compared with (``--baseline``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    requested: str
+    """What was asked: a run id, a record id, or ``latest``."""
+    record_oid: str | None = None
+    """The record compared with; None when ``latest`` found no earlier full run."""
+    run_id: str | None = None
+    tolerance: float = 0.0
+    """A score drop of more than this is a regression (0: only status changes are)."""
 
 
 class EvaluationRecord(StoredModel):
@@ -153,6 +190,16 @@ class EvaluationRecord(StoredModel):
     """Where the ADK EvalSetResult copy was written."""
     imported_from: str | None = None
     created_at: str = ""
+    coverage: Coverage | None = None
+    """What of the eval set and config it covers; None in records written before evalsnap
+    recorded it (read as full)."""
+    baseline: Baseline | None = None
+    """The record it was compared with (regressions and fixes), if the run asked for one."""
+
+    @property
+    def full(self) -> bool:
+        """Whether it covers the whole eval set and config (older records: yes)."""
+        return self.coverage is None or self.coverage.full
 
 
 class ManifestEntry(BaseModel):
@@ -182,3 +229,12 @@ class RunManifest(StoredModel):
     created_at: str
     checksum: str = ""
     """sha256 of this manifest without ``checksum``; verified on read."""
+    full: bool | None = None
+    """The record's ``coverage.full``; None in manifests written before it was recorded
+    (read as full, and left out of the stored bytes so their checksums still hold)."""
+
+    def to_bytes(self) -> bytes:
+        if self.full is not None:
+            return super().to_bytes()
+        data = self.model_dump(mode="json", exclude={"full"})
+        return json.dumps(data, sort_keys=True, ensure_ascii=False, allow_nan=False).encode()

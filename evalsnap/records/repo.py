@@ -28,6 +28,7 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from evalsnap import settings
 from evalsnap.errors import (
     CorruptRecordError,
     EvalsnapError,
@@ -76,7 +77,8 @@ def open_store(url: str) -> Store:
         if key not in _stores:
             # fsyncs are batched: each task flushes what it wrote, and the run manifest
             # (a commit) flushes before it is written; see Store.flush
-            _stores[key] = Store(url, storage_options=opts or None, durability="batch")
+            _stores[key] = Store(url, storage_options=opts or None, durability="batch",
+                                 timeout=settings.get().store_timeout)
         return _stores[key]
 
 
@@ -308,19 +310,25 @@ def list_manifests(store: Store) -> list[RunManifest]:
     return sorted(out, key=lambda m: m.created_at, reverse=True)
 
 
-def _created_at(store: Store, name: str) -> str:
-    """A manifest's ``created_at``, read without validating it ("" if it has none)."""
+def _head(store: Store, name: str) -> tuple[str, str | None, bool]:
+    """A manifest's ``created_at``, eval set id and whether its record is full, read
+    without validating it (``""`` / None / True where it says nothing)."""
     data = store.get_ref("runs", name)
     try:
         raw = parse_stored(data, what=f"manifest runs/{name}") if data is not None else None
     except CorruptRecordError:
-        return ""  # read_manifest says why, if it comes to that
-    created = raw.get("created_at") if isinstance(raw, dict) else None
-    return created if isinstance(created, str) else ""
+        return "", None, True  # read_manifest says why, if it comes to that
+    raw = raw if isinstance(raw, dict) else {}
+    created, eval_set, full = raw.get("created_at"), raw.get("eval_set_id"), raw.get("full")
+    return (created if isinstance(created, str) else "",
+            eval_set if isinstance(eval_set, str) else None, full is not False)
 
 
-def latest_manifest(store: Store) -> RunManifest | None:
-    """``list_manifests(store)[0]`` without validating every manifest.
+def latest_manifest(store: Store, *, eval_set_id: str | None = None,
+                    exclude_run: str | None = None, fallback: bool = True) -> RunManifest | None:
+    """The newest readable manifest of a *full* run (of ``eval_set_id`` if given, never
+    ``exclude_run``); with ``fallback``, the newest run at all when none is full (a warning
+    says so). A baseline asks without ``fallback``: it must be a full run.
 
     A manifest lists every object of its run (~240 KB at 300 cases), and validating one with
     its checksum takes ~20 ms: ``latest`` over 111 such runs took 2.4 s, a year of nightly
@@ -328,14 +336,31 @@ def latest_manifest(store: Store) -> RunManifest | None:
     111); the newest are then validated in order until one reads (unreadable ones are
     logged and skipped, as by ``list_manifests``).
     """
-    dated = sorted(((_created_at(store, name), name) for name in store.list_refs("runs")),
-                   reverse=True)
-    for _, name in dated:
-        try:
-            return read_manifest(store, name)
-        except UNREADABLE_MANIFEST as exc:
-            logger.warning("skipping run %s: %s", name, exc)
+    heads = [(*_head(store, name), name) for name in store.list_refs("runs")
+             if name != exclude_run]
+    dated = sorted(((created, full, name) for created, set_id, full, name in heads
+                    if eval_set_id is None or set_id in (None, eval_set_id)), reverse=True)
+    for _, full, name in dated:
+        found = _readable(store, name, eval_set_id) if full else None
+        if found is not None:
+            return found
+    for _, full, name in dated if fallback else []:
+        found = None if full else _readable(store, name, eval_set_id)
+        if found is not None:
+            logger.warning("no full run in store %s%s; `latest` is run %s, which covers only "
+                           "part of its eval set or config", store.url,
+                           f" for eval set {eval_set_id}" if eval_set_id else "", name)
+            return found
     return None
+
+
+def _readable(store: Store, name: str, eval_set_id: str | None) -> RunManifest | None:
+    try:
+        manifest = read_manifest(store, name)
+    except UNREADABLE_MANIFEST as exc:
+        logger.warning("skipping run %s: %s", name, exc)
+        return None
+    return manifest if eval_set_id is None or manifest.eval_set_id == eval_set_id else None
 
 
 def latest_record_for(store: Store, eval_set_id: str) -> str | None:
@@ -349,7 +374,8 @@ def set_latest_record(store: Store, eval_set_id: str, record_oid: str, run_id: s
 
 
 def resolve_record(store: Store, ref: str) -> tuple[str, EvaluationRecord]:
-    """A record by run id, record id (``sha256:…`` or a unique hex prefix ≥ 8), or ``latest``."""
+    """A record by run id, record id (``sha256:…`` or a unique hex prefix ≥ 8), or ``latest``
+    (the newest run that covers its whole eval set and config; the newest run if none does)."""
     if ref == "latest":
         manifest = latest_manifest(store)
         if manifest is None and store.list_refs("runs"):

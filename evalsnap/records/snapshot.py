@@ -73,6 +73,7 @@ class Snapshot(StoredModel):
     """Immutable scoring input; scoring never reads the eval set file again."""
 
     KIND: ClassVar[str] = "snapshot"
+    VOLATILE: ClassVar[frozenset[str]] = frozenset({"created_at"})
     SCHEMA_VERSION: ClassVar[int] = 1
 
     schema_version: int = 1
@@ -88,7 +89,7 @@ class Snapshot(StoredModel):
     rules: list[MetricRule]
     """Resolved scoring rules, in config order."""
     created_at: str = ""
-    """UTC ISO timestamp (volatile)."""
+    """UTC ISO timestamp: VOLATILE, never stored."""
 
     def rule(self, metric_name: str) -> MetricRule:
         for rule in self.rules:

@@ -26,6 +26,7 @@ class ScoreUnit(StoredModel):
     """The result of scoring one metric on one case; reusable when ``complete``."""
 
     KIND: ClassVar[str] = "unit"
+    VOLATILE: ClassVar[frozenset[str]] = frozenset({"run_id", "created_at"})
     SCHEMA_VERSION: ClassVar[int] = 1
 
     schema_version: int = 1
@@ -59,5 +60,6 @@ class ScoreUnit(StoredModel):
     """Judge requests sent while producing this unit (0 when answered from a ledger)."""
     rubric_scores: list[dict[str, Any]] | None = None
     run_id: str = ""
-    """The run that scored this unit."""
+    """The run that scored this unit, while it is in memory: VOLATILE, so never stored (a
+    unit read back has ``""``; the unit index and run manifests say which runs name it)."""
     created_at: str = ""

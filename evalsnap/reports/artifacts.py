@@ -125,7 +125,25 @@ def summary_markdown(result: dict[str, Any], store_url: str | None = None) -> st
     failed = [r for r in score_rows(result) if r["inference"] == "failure"]
     if failed:
         lines += ["", "Failed inference: " + ", ".join(sorted({r["case"] for r in failed}))]
+    lines += _named_lines(result)
     return "\n".join(lines) + "\n"
+
+
+def _named_lines(result: dict[str, Any]) -> list[str]:
+    """What the record covers, the cases that failed or are incomplete, and the
+    regressions and fixes against its baseline, by name."""
+    from evalsnap.reports.regressions import verdict
+    from evalsnap.reports.summary import comparison_lines, subset_text
+
+    lines = ["", f"Covers: {subset_text(result).strip(' ()') or 'the whole eval set and config'}"]
+    found = verdict(result)
+    for what in ("failed", "incomplete"):
+        if found[what]:
+            lines.append(f"* cases {what}: {', '.join(found[what])}")
+    comparison = comparison_lines(result)
+    if comparison:
+        lines += ["", comparison[0], ""] + [f"* {line.strip()}" for line in comparison[1:]]
+    return lines
 
 
 def publish_artifacts(result: dict[str, Any], store_url: str | None = None) -> dict[str, Any]:
@@ -133,17 +151,48 @@ def publish_artifacts(result: dict[str, Any], store_url: str | None = None) -> d
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     ids: dict[str, Any] = {}
+    report = _stored_report(result, store_url)
     try:
         ids["table"] = create_table_artifact(
             score_rows(result), key=artifact_key(result["eval_set_id"], "scores"),
             description=f"Scores per case and metric, {result['kind']} {result['run_id']}")
         ids["summary"] = create_markdown_artifact(
-            summary_markdown(result, store_url),
+            summary_markdown(result, store_url)
+            + (f"\nHTML report: [{report}]({report})\n" if report else ""),
             key=artifact_key(result["eval_set_id"], "summary"),
             description=f"Summary of {result['kind']} {result['run_id']}")
     except Exception as exc:  # noqa: BLE001 - the record is published; artifacts are a view
         logger.warning("could not create Prefect artifacts: %s", exc)
+    if report:
+        try:
+            from prefect.artifacts import create_link_artifact
+
+            ids["report"] = create_link_artifact(
+                report, link_text=f"HTML report of {result['eval_set_id']} {result['run_id']}",
+                key=artifact_key(result["eval_set_id"], "report"),
+                description=f"Report of {result['kind']} {result['run_id']}: trend, failing "
+                            "cases, judge ledger")
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("could not create the report link artifact: %s", exc)
     return ids
+
+
+def _stored_report(result: dict[str, Any], store_url: str | None) -> str | None:
+    """The URL of the run's HTML report in the store (``file://`` for a local store), if
+    publishing wrote one."""
+    if not store_url or not result.get("record_id"):
+        return None
+    try:
+        from evalsnap.records import repo
+        from evalsnap.reports.html import REPORTS, report_name, report_url
+
+        store = repo.open_store(store_url)
+        if store.get_ref(REPORTS, report_name(result["record_id"])) is None:
+            return None
+        return report_url(store, result["record_id"])
+    except Exception as exc:  # noqa: BLE001 - a link is a view
+        logger.warning("could not look up the HTML report: %s", exc)
+        return None
 
 
 class RunProgress:

@@ -15,7 +15,7 @@ from evalsnap.errors import EvalsnapError
 from evalsnap.fingerprint import short
 from evalsnap.records import EvaluationRecord, FrozenCase, MetricRule, ScoreUnit, Snapshot, UnitRef, repo
 
-__all__ = ["diff", "diff_table"]
+__all__ = ["diff", "diff_table", "moved", "nothing_moved"]
 
 Key = tuple[str, int, str]
 
@@ -120,8 +120,23 @@ def diff(store: Any, a_oid: str, a: EvaluationRecord, b_oid: str,
         "eval_set_a": a.eval_set_id, "eval_set_b": b.eval_set_id,
         "snapshot_a": a.snapshot_oid, "snapshot_b": b.snapshot_oid,
         "passed_a": a.summary.passed, "passed_b": b.summary.passed,
-        "changes": counts, "units": entries,
+        "full_a": a.full, "full_b": b.full,
+        "changes": counts, "changed": sum(n for k, n in counts.items() if k != "none"),
+        "units": entries,
     }
+
+
+def moved(result: dict[str, Any]) -> bool:
+    """Whether any unit changed (score, status, inputs) or was added or removed."""
+    return any(e["change"] != "none" for e in result["units"])
+
+
+def nothing_moved(result: dict[str, Any]) -> str:
+    """The message for two records with no change in any unit."""
+    n = result["changes"].get("none", 0)
+    same = "the same record" if result["record_a"] == result["record_b"] else "the two records"
+    return (f"nothing moved: all {n} unit(s) have the same status, score and inputs in "
+            f"{same} ({short(result['record_a'])} → {short(result['record_b'])}).")
 
 
 def diff_table(result: dict[str, Any], *, all_rows: bool = False) -> Any:
@@ -147,5 +162,6 @@ def diff_table(result: dict[str, Any], *, all_rows: bool = False) -> Any:
         moved = ", ".join(e["moved"]) or ("added" if e["change"] == "added" else
                                           "removed" if e["change"] == "removed" else "")
         table.add_row(case, e["metric"], status, score, moved)
-    table.caption = " · ".join(f"{k} {v}" for k, v in sorted(result["changes"].items()))
+    table.caption = " · ".join(f"{'unchanged' if k == 'none' else k} {v}"
+                               for k, v in sorted(result["changes"].items()))
     return table

@@ -4,22 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from evalsnap.records import EvaluationRecord, ScoreUnit, repo
+from evalsnap.errors import EvalsnapError
+from evalsnap.records import EvaluationRecord, LedgerEntry, ScoreUnit, repo
 from evalsnap.reports.summary import case_efficiency, run_tokens
 
 
 def _ledger(store: Any, oids: list[str]) -> list[dict[str, Any]]:
-    from evalsnap.records import StoredModel
-
+    """The unit's ledger entries; one that cannot be read is shown with the reason."""
     out = []
     for oid in oids:
         try:
-            import json
-
-            out.append({"oid": oid, **json.loads(store.get_object("judge", oid))})
-        except Exception as exc:  # noqa: BLE001 - show what is there, flag what is not
-            out.append({"oid": oid, "error": str(exc)})
-    del StoredModel
+            out.append({"oid": oid, **repo.get(store, LedgerEntry, oid).model_dump(mode="json")})
+        except EvalsnapError as exc:
+            out.append({"oid": oid, "unreadable": str(exc)})
     return out
 
 

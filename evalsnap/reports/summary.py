@@ -21,8 +21,9 @@ def load_units(store: Any, record: EvaluationRecord) -> dict[str, ScoreUnit]:
 
 
 def summary(store: Any, record_oid: str, record: EvaluationRecord,
-            units: dict[str, ScoreUnit] | None = None) -> dict[str, Any]:
-    """The one JSON object ``run``/``rescore``/``replay`` print."""
+            units: dict[str, ScoreUnit] | None = None, *, compare: bool = True) -> dict[str, Any]:
+    """The one JSON object ``run``/``rescore``/``replay`` print (with ``compare``, the
+    regressions and fixes against the record's baseline, if it has one)."""
     units = units if units is not None else load_units(store, record)
     cases: dict[tuple[str, int], dict[str, Any]] = {}
     for inf in record.inference:
@@ -50,10 +51,43 @@ def summary(store: Any, record_oid: str, record: EvaluationRecord,
         "reused_units": s.reused_units, "scored_units": s.scored_units,
         "complete": s.complete, "passed": s.passed, "exit_code": exit_code(record),
         "skipped_cases": record.skipped_cases, "uninferred_cases": record.uninferred_cases,
+        "unscored": s.unscored,
         "adk_history_path": record.adk_history_path,
+        **coverage_of(record),
         **run_tokens(record),
         "cases": list(cases.values()),
-    }
+    } | (baseline_comparison(store, record, list(cases.values())) if compare else {})
+
+
+def coverage_of(record: EvaluationRecord) -> dict[str, Any]:
+    """``full`` and what a subset leaves out (older records: full)."""
+    c = record.coverage
+    return {"full": record.full,
+            "coverage": c.model_dump() if c is not None else None}
+
+
+def baseline_comparison(store: Any, record: EvaluationRecord,
+                        cases: list[dict[str, Any]]) -> dict[str, Any]:
+    """``baseline``, ``regressions`` and ``fixes`` of a record compared with a baseline."""
+    from evalsnap.errors import EvalsnapError
+    from evalsnap.reports.regressions import compare
+
+    b = record.baseline
+    if b is None:
+        return {}
+    baseline: dict[str, Any] = b.model_dump()
+    head: dict[str, Any] = {"baseline": baseline, "regressions": [], "fixes": [], "not_compared": 0}
+    if b.record_oid is None:
+        baseline["note"] = "no earlier full run of this eval set to compare with"
+        return head
+    try:
+        base = repo.get(store, EvaluationRecord, b.record_oid)
+        before = summary(store, b.record_oid, base, compare=False)
+    except EvalsnapError as exc:
+        baseline["note"] = f"the baseline cannot be read: {exc}"
+        return head
+    baseline["created_at"] = base.created_at
+    return head | compare({"cases": cases}, before, b.tolerance)
 
 
 def _counts(counts: TokenCounts | None) -> dict[str, int | None] | None:
@@ -111,7 +145,7 @@ def score_table(result: dict[str, Any]) -> Any:
         for name in case["metrics"]:
             if name not in metrics:
                 metrics.append(name)
-    table = Table(title=f"{result['eval_set_id']} — run {result['run_id']}")
+    table = Table(title=f"{result['eval_set_id']} — run {result['run_id']}{subset_text(result)}")
     table.add_column("case")
     for name in metrics:
         table.add_column(name, justify="center")
@@ -140,5 +174,32 @@ def score_table(result: dict[str, Any]) -> Any:
                      f" · scored {result['scored_units']} · reused {result['reused_units']} (↺)"
                      f" · {'complete' if result['complete'] else 'INCOMPLETE'}"
                      f" · {'PASSED' if result['passed'] else 'NOT PASSED'}\n"
-                     f"{tokens_caption(result)}")
+                     f"{tokens_caption(result)}" + "".join(
+                         f"\n{line}" for line in comparison_lines(result)))
     return table
+
+
+def subset_text(result: dict[str, Any]) -> str:
+    """`` (subset: 10 of 13 cases, 2 of 7 metrics left out)`` for a record that is not full."""
+    c = result.get("coverage")
+    if result.get("full", True) or not c:
+        return ""
+    left = [f"{len(c[k])} {what} left out" for k, what in
+            (("missing_cases", "case(s)"), ("missing_metrics", "metric(s)")) if c.get(k)]
+    return f" (subset: {', '.join(left) or c.get('note') or 'part of the eval set'})"
+
+
+def comparison_lines(result: dict[str, Any]) -> list[str]:
+    """The baseline comparison for people: one line per regression and fix."""
+    b = result.get("baseline")
+    if not b:
+        return []
+    if b.get("note"):
+        return [f"baseline {b['requested']}: {b['note']}"]
+    regressions, fixes = result.get("regressions") or [], result.get("fixes") or []
+    lines = [f"vs baseline {b['run_id']}: {len(regressions)} regression(s), {len(fixes)} fix(es)"]
+    for kind, entries in (("REGRESSED", regressions), ("fixed", fixes)):
+        for e in entries:
+            rep = f" #{e['repetition']}" if e["repetition"] else ""
+            lines.append(f"  {kind} {e['eval_id']}{rep} · {e['metric']}: {e['change']}")
+    return lines

@@ -10,6 +10,9 @@ Four passes, each reporting findings instead of stopping at the first one:
    ledger entries) must resolve to sound objects of the right kind.
 4. Every index entry must parse as an entry of its index (a bad one is harmless, it counts
    as absent, but it is damage all the same).
+5. Every cached Prefect task result (``v1/prefect/``) must be a result record evalsnap wrote
+   (:mod:`evalsnap.records.task_results`): an empty or unreadable one is only a cache entry
+   (the task runs again), but it is damage, and deleting it clears it.
 
 Every read goes through the one parse of stored bytes (``parse_stored``), so a file that is
 wrong in any way (not JSON, nested too deeply, not UTF-8, NaN) is a finding, never a crash.
@@ -34,6 +37,7 @@ from evalsnap.records import (
     StoredModel,
     repo,
 )
+from evalsnap.records.task_results import record_value
 from storage import OBJECT_KINDS, Store
 
 __all__ = ["Finding", "VerifyReport", "verify_store"]
@@ -72,6 +76,8 @@ class VerifyReport:
     """Number of run manifests checked."""
     index_entries: int = 0
     """Number of index entries checked."""
+    task_results: int = 0
+    """Number of cached Prefect task results checked."""
     findings: list[Finding] = field(default_factory=list)
 
     @property
@@ -80,7 +86,7 @@ class VerifyReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {"store": self.store, "ok": self.ok, "objects": self.objects, "runs": self.runs,
-                "index_entries": self.index_entries,
+                "index_entries": self.index_entries, "task_results": self.task_results,
                 "problems": [asdict(f) for f in self.findings]}
 
 
@@ -205,9 +211,19 @@ def _check_manifest(store: Store, name: str, objects: _Objects, report: VerifyRe
                    objects.problem(kind, oid))
         if problem:
             report.findings.append(Finding(
-                "manifest", url, f"run {name}: {what}: {problem}; the run cannot be "
-                "reproduced from this store — re-run it (with --reuse, sound work is kept)",
+                "manifest", url, f"run {name}: {what}: {problem}; {_REPAIR.get(kind, _NO_REPAIR)}",
                 oid or None, name))
+
+
+#: How a damaged object is repaired: objects hold no run id or time (``VOLATILE``), so the
+#: same work writes the same bytes, which replace the damaged copy.
+_REPAIR = {
+    kind: "repair it by running the same eval set again with `--reuse --force` (sound "
+          "inference is kept; scoring the same inference again writes the same object over "
+          "the damaged one)" for kind in ("unit", "judge", "snapshot")}
+_NO_REPAIR = ("it cannot be written again byte for byte (an agent's inference, a record), so "
+              "this run cannot be reproduced from the store; re-run the eval set (with --reuse, "
+              "sound work is kept) and remove the damaged run with `evalsnap gc`")
 
 
 def _check_indexes(store: Store, report: VerifyReport) -> None:
@@ -224,6 +240,21 @@ def _check_indexes(store: Store, report: VerifyReport) -> None:
                 report.findings.append(Finding("index", url, str(exc)))
 
 
+def _check_task_results(store: Store, report: VerifyReport) -> None:
+    for name in store.list_task_results():
+        report.task_results += 1
+        data = store.get_task_result(name)
+        if data is None:
+            continue  # replaced or removed since the listing
+        try:
+            record_value(data)
+        except (ValueError, RecursionError) as exc:
+            url = f"{store.url.rstrip('/')}/v1/prefect/{name}"
+            report.findings.append(Finding(
+                "task_result", url, f"cached Prefect task result is unusable ({exc}); runs ignore "
+                "it and run the task again; delete the file to clear this finding"))
+
+
 def verify_store(store: Store) -> VerifyReport:
     """Checks every object, run manifest and index entry of ``store``; never modifies it."""
     report = VerifyReport(store.url)
@@ -233,4 +264,5 @@ def verify_store(store: Store) -> VerifyReport:
     for name in names:
         _check_manifest(store, name, objects, report)
     _check_indexes(store, report)
+    _check_task_results(store, report)
     return report

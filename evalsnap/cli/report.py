@@ -1,0 +1,89 @@
+"""CLI commands: report, history. Registered on ``evalsnap.cli.app``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from evalsnap import errors
+from evalsnap.cli import JsonOpt, OptionOpt, StoreOpt, _handled, _open_store, _print_json, app, out
+from evalsnap.records import repo
+
+
+def _write(path: str, data: bytes, what: str) -> str:
+    """Writes a local output file whole (temp file + rename); returns its absolute path."""
+    target = Path(path).expanduser().absolute()
+    if target.is_dir():
+        raise errors.InputFileError(f"{what} {target} is a directory; name a file, "
+                                    f"e.g. {target / 'report.html'}.")
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise errors.InputFileError(f"cannot write {what} {target}: {exc.strerror or exc}; "
+                                    "check that its folder exists and can be written.") from exc
+    return str(target)
+
+
+@app.command()
+def report(
+    record: Annotated[str, typer.Argument(help="Run id, record id or 'latest'")],
+    html_out: Annotated[str | None, typer.Option(
+        "--html", help="Write the self-contained HTML page here")] = None,
+    junit_out: Annotated[str | None, typer.Option(
+        "--junit", help="Write JUnit XML here (one test case per case × metric)")] = None,
+    store: StoreOpt = ".evalsnap",
+    storage_option: OptionOpt = None,
+    last: Annotated[int, typer.Option(
+        "--last", min=1, help="Runs of the eval set in the page's trend, this one included")] = 10,
+    baseline: Annotated[str | None, typer.Option(
+        help="Record to mark regressions against (default: the record's previous record)")] = None,
+) -> None:
+    """Write a record as an HTML page (trend, failing cases first, judge ledger) and/or JUnit XML."""
+    from evalsnap.reports.html import render
+    from evalsnap.reports.junit import junit_xml
+
+    with _handled():
+        if not html_out and not junit_out:
+            raise errors.UsageError("say what to write: --html OUT.html and/or --junit FILE.xml.")
+        s = _open_store(store, storage_option)
+        oid, rec = repo.resolve_record(s, record)
+        base = repo.resolve_record(s, baseline)[0] if baseline else None
+        written = []
+        if html_out:
+            page = render(s, oid, rec, trend_runs=last, baseline_oid=base)
+            written.append(_write(html_out, page.encode("utf-8"), "HTML report"))
+        if junit_out:
+            written.append(_write(junit_out, junit_xml(s, oid, rec), "JUnit file"))
+    for path in written:
+        out.print(f"wrote {path}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def history(
+    evalset: Annotated[str, typer.Argument(help="Eval set id (as `evalsnap ls` shows it)")],
+    store: StoreOpt = ".evalsnap",
+    storage_option: OptionOpt = None,
+    last: Annotated[int | None, typer.Option(
+        "--last", min=1, help="Only the N newest runs")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Per metric, the pass rate and mean score of every run of an eval set, newest last."""
+    from evalsnap.reports.history import history as runs_of
+    from evalsnap.reports.history import history_table
+
+    with _handled():
+        s = _open_store(store, storage_option)
+        points = runs_of(s, evalset, last)
+        if not points:
+            raise errors.NotFoundError(f"no readable run of eval set {evalset!r} in store "
+                                       f"{s.url}; list eval sets and runs with `evalsnap ls`.")
+    if as_json:
+        _print_json({"store": s.url, "eval_set_id": evalset, "runs": points})
+    else:
+        out.print(history_table(evalset, points))

@@ -1,0 +1,120 @@
+"""Ctrl-C and SIGTERM: a command that runs a flow stops within seconds, whatever it is doing.
+
+The flow runs on a worker thread; the main thread only waits, so a signal reaches evalsnap
+and not Prefect's engine (whose shutdown waits for every task thread, and a stuck metric's
+thread never ends). On the first SIGINT or SIGTERM the CLI
+
+1. waits (at most :data:`COMMIT_WAIT` s) for a run that is committing to finish its commit
+   (:mod:`evalsnap.pipeline.commits`), so no run is left half published;
+2. stops every process it started (scoring processes, Dask workers, the temporary Prefect
+   API): SIGTERM, then SIGKILL after :data:`CHILD_WAIT` s;
+3. says what was published (records named) and what is kept: finished inference and judge
+   answers are in the store, and ``--reuse`` reuses them;
+4. exits 130 (SIGINT) or 143 (SIGTERM) at once: in-flight work ends with the process.
+
+Everything a run writes is written atomically (temporary file or object, then rename or
+a single PUT), so nothing in the store is torn by the exit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+COMMIT_WAIT = 10.0
+CHILD_WAIT = 2.0
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+def run_stoppable(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` on a worker thread, stopped as above on SIGINT or SIGTERM.
+
+    Outside the main thread (signals cannot be handled there) it is a plain call."""
+    if threading.current_thread() is not threading.main_thread():
+        return fn(*args, **kwargs)
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=target, name="evalsnap-run", daemon=True)
+    started = time.monotonic()
+    previous = {s: signal.signal(s, lambda signum, _frame: stop(signum, started))
+                for s in EXIT_CODES}
+    try:
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.2)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]  # type: ignore[no-any-return]
+
+
+def stop(signum: int, started: float) -> None:
+    """Ends the process as described in the module docstring (never returns)."""
+    from evalsnap import startup
+    from evalsnap.pipeline import commits
+
+    name = signal.Signals(signum).name
+    for s in EXIT_CODES:  # a second signal while stopping ends the process at once
+        signal.signal(s, lambda *_: os._exit(EXIT_CODES[signal.Signals(signum)]))
+    _say(f"evalsnap: {name} received after {time.monotonic() - started:.0f} s; stopping the run.")
+    committed = commits.hold(COMMIT_WAIT)
+    stopped = stop_children()
+    done = commits.published()
+    if done:
+        for p in done:
+            _say(f"evalsnap: record {p.record_oid} of eval set {p.eval_set_id!r} (run {p.run_id}) "
+                 "was published before the stop.")
+    if not committed:
+        _say(f"evalsnap: a run was still committing after {COMMIT_WAIT:g} s: its record may "
+             "be in the store without its run manifest; `evalsnap verify` shows it.")
+    rest = "the rest of the run was not" if done else "nothing was"
+    _say(f"evalsnap: {rest} published; finished inference and judge answers are kept in the "
+         f"store, and `evalsnap run --reuse` reuses them. Stopped {stopped} child process"
+         f"{'' if stopped == 1 else 'es'}.")
+    startup.leave_now(EXIT_CODES[signal.Signals(signum)])
+
+
+def stop_children() -> int:
+    """Stops every process this one started (and theirs): SIGTERM, then SIGKILL."""
+    import psutil
+
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return 0
+    for child in children:
+        try:
+            child.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(children, timeout=CHILD_WAIT)
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=CHILD_WAIT)
+    return len(children)
+
+
+def _say(line: str) -> None:
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass

@@ -1,0 +1,329 @@
+"""``evalsnap gc``: remove old runs and every object no kept run names, safely while others write.
+
+Mark and sweep over one listing of the store (:func:`storage.gc.list_files`):
+
+* **Runs kept.** Per eval set: the newest run, the newest *full* run (``latest`` and the
+  default baseline), the run the eval set's ``latest`` pointer (``refs/index/evalset``)
+  names, the ``keep_last`` newest, those younger than ``older_than_days``, and every run
+  whose manifest is younger than the grace period or cannot be read. The rest are removed.
+* **Marked.** Everything a kept run names, followed through the records: manifest → record
+  → snapshot, inference, units → judge ledger entries → the entry a ledger answer was
+  copied from (``reused_from``); the same from every object, index entry and Prefect result
+  younger than the grace period (a run still writing: its objects exist before its manifest).
+  Provenance pointers (``parent_record``, ``reused_from_record``, ``baseline``) are not
+  followed: an earlier record is kept only if its own run is.
+* **Swept**, when older than the grace period and not marked: objects; index entries whose
+  object goes (or that are damaged); Prefect task results naming an object that goes (or
+  not ours); the HTML report and history point (``refs/reports/<record hex>.html|.json``) and the in-store ADK
+  history copy of a record that goes; temporary files left by interrupted writes.
+* **Objects wait for quiet.** A run may hold an id it read from an index before gc removed
+  the entry (or the object it names) and name it in its manifest later. So objects, index
+  entries and cached results are removed only when the latest writing command started more
+  than the grace period ago (each rewrites ``v1/STORE`` first, :meth:`storage.Store.check`);
+  otherwise only runs, their reports and history copies go, the rest is reported as
+  deferred for a later gc. A run that takes less than the grace period loses nothing.
+  Damage (a kept object or a manifest that cannot be read) defers them too: gc cannot know
+  what it names.
+
+Deletion order: run manifests first, then refs, then objects (records first), so a reader
+never finds a manifest naming a missing object, and a gc killed half-way leaves only
+unreferenced objects for the next one. Local directories are never removed (a writer may
+be about to create a file in one).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from evalsnap.errors import UsageError
+from evalsnap.records import RunManifest, repo
+from evalsnap.records._gc_mark import Listing, Marker, classify, read_ref, read_run, ref_target
+from storage import Store
+from storage.gc import StoredFile, delete_files, list_files, marker_written_at
+
+__all__ = ["DEFAULT_GRACE", "GcReport", "collect", "parse_duration"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_GRACE = 3600.0
+"""Seconds: nothing younger is removed; keep it above the longest run."""
+_DAY = 86400.0
+_WORKERS = 8
+_REPORT = re.compile(r"^([0-9a-f]{64})\.(?:html|json)$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+#: Rows of the table, in this order. ``other`` files are left alone.
+KINDS = ("run", "record", "snapshot", "inference", "unit", "judge", *repo.INDEXES,
+         "prefect result", "report", "adk history", "temporary file")
+_WAITING = (*repo.INDEXES, "prefect result")
+_DELETE_ORDER = ("run", *repo.INDEXES, "prefect result", "report", "adk history",
+                 "temporary file", "record", "snapshot", "unit", "judge", "inference")
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``45s``, ``30m``, ``1h``, ``2d`` → seconds (``UsageError`` otherwise)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", str(text))
+    if not match:
+        raise UsageError(f"grace period {text!r} is not a duration; write e.g. 0, 90s, 30m, "
+                         "1h or 2d.")
+    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
+
+
+@dataclass
+class KindCount:
+    kept: int = 0
+    removed: int = 0
+    bytes: int = 0
+    """Bytes removed (with ``dry_run``: that would be)."""
+    deferred: int = 0
+    """Not named by a kept run, but left: younger than the grace period, or objects while a
+    writer may be running."""
+
+
+@dataclass
+class GcReport:
+    store: str
+    dry_run: bool
+    grace_seconds: float
+    writer_started_ago: float | None
+    """Seconds since the latest writing command started (``v1/STORE``), if known."""
+    objects_deferred: str | None = None
+    """Why no object was removed this time, if none was."""
+    runs_kept: list[dict[str, Any]] = field(default_factory=list)
+    runs_removed: list[dict[str, Any]] = field(default_factory=list)
+    kinds: dict[str, KindCount] = field(default_factory=lambda: {k: KindCount() for k in KINDS})
+    removed: list[str] = field(default_factory=list)
+    """URL of every file removed (with ``dry_run``: that would be)."""
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def removed_count(self) -> int:
+        return sum(k.removed for k in self.kinds.values())
+
+    @property
+    def removed_bytes(self) -> int:
+        return sum(k.bytes for k in self.kinds.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"store": self.store, "dry_run": self.dry_run, "grace_seconds": self.grace_seconds,
+                "writer_started_ago": self.writer_started_ago,
+                "objects_deferred": self.objects_deferred, "runs_kept": self.runs_kept,
+                "runs_removed": self.runs_removed, "removed_count": self.removed_count,
+                "removed_bytes": self.removed_bytes,
+                "kinds": {k: asdict(v) for k, v in self.kinds.items()},
+                "removed": self.removed, "warnings": self.warnings}
+
+
+def _age_days(manifest: RunManifest, f: StoredFile, now: float) -> float:
+    try:
+        created = dt.datetime.fromisoformat(manifest.created_at.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        created = f.modified if f.modified is not None else now
+    return (now - created) / _DAY
+
+
+def _retain(manifests: dict[str, RunManifest], listing: Listing, pointed: set[str], *,
+            keep_last: int | None, older_than_days: float | None,
+            young: Callable[[StoredFile], bool], now: float) -> dict[str, str | None]:
+    """Why each readable run is kept, or None if it goes."""
+    by_set: dict[str, list[tuple[str, RunManifest]]] = defaultdict(list)
+    for name, m in manifests.items():
+        by_set[m.eval_set_id].append((name, m))
+    why: dict[str, str | None] = {}
+    for runs in by_set.values():
+        runs.sort(key=lambda r: (r[1].created_at, r[0]), reverse=True)
+        # RunManifest.full (coverage) may be absent: such runs read as full
+        newest_full = next((n for n, m in runs if getattr(m, "full", None) is not False), None)
+        for i, (name, m) in enumerate(runs):
+            f = listing.runs[name]
+            reasons = [
+                (i == 0, "newest of its eval set"),
+                (name == newest_full, "newest full run of its eval set (latest, baseline)"),
+                (m.run_id in pointed, "named by the eval set's latest pointer"),
+                (keep_last is not None and i < keep_last, f"among the newest {keep_last}"),
+                (older_than_days is not None and _age_days(m, f, now) < older_than_days,
+                 f"younger than {older_than_days or 0:g} days"),
+                (young(f), "written within the grace period"),
+            ]
+            why[name] = next((text for hit, text in reasons if hit), None)
+    return why
+
+
+def collect(store: Store, *, keep_last: int | None = None, older_than_days: float | None = None,
+            grace: float = DEFAULT_GRACE, dry_run: bool = False) -> GcReport:
+    """Removes the runs the rules do not keep and every file nothing kept names (see the
+    module docstring); with ``dry_run`` only reports what would go."""
+    if keep_last is None and older_than_days is None:
+        raise UsageError("say which runs to keep: --keep-last N (the newest N of each eval "
+                         "set) and/or --older-than DAYS (remove runs older than that).")
+    if keep_last is not None and keep_last < 1:
+        raise UsageError(f"--keep-last {keep_last}: keep at least 1 run per eval set (the "
+                         "newest is always kept).")
+    if (older_than_days is not None and older_than_days < 0) or grace < 0:
+        raise UsageError("--older-than and --grace cannot be negative.")
+    gc = _Gc(store, grace, dry_run)
+    with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
+        gc.marker = Marker(store, gc.listing, pool)
+        gc.read(pool)
+        gc.retain(keep_last, older_than_days)
+        gc.marker.mark(gc.roots)
+    gc.decide()
+    gc.sweep()
+    return gc.report
+
+
+class _Gc:
+    """One collection: what was listed and read, what is kept, what goes."""
+
+    def __init__(self, store: Store, grace: float, dry_run: bool) -> None:
+        self.store, self.grace, self.dry_run = store, grace, dry_run
+        self.now = time.time()
+        marker = marker_written_at(store)
+        self.report = GcReport(store.url, dry_run, grace,
+                               None if marker is None else max(0.0, self.now - marker))
+        self.listing = classify(list_files(store, "v1"))
+        self.marker: Marker
+        self.manifests: dict[str, RunManifest] = {}
+        self.why: dict[str, str | None] = {}
+        self.roots: set[str] = set()
+        self.pointed: set[str] = set()
+        self.refs = self.listing.refs
+        self.datas: list[bytes | None] = []
+        self.targets: list[set[str] | None] = []
+        self.doomed: dict[str, list[StoredFile]] = defaultdict(list)
+
+    def young(self, f: StoredFile) -> bool:
+        return f.modified is None or self.now - f.modified < self.grace
+
+    def read(self, pool: ThreadPoolExecutor) -> None:
+        """Every manifest and every ref gc must understand; roots from the refs."""
+        names = list(self.listing.runs)
+        for name, result in zip(names, pool.map(lambda n: read_run(self.store, n), names),
+                                strict=True):
+            if isinstance(result, RunManifest):
+                self.manifests[name] = result
+            elif isinstance(result, set):
+                self.roots |= result
+                self.report.warnings.append(f"run {name}: its manifest cannot be read; it is "
+                                            "kept, with every object it seems to name (run "
+                                            "`evalsnap verify`)")
+                self.report.runs_kept.append({"run_id": name, "why": "manifest cannot be read"})
+            elif result is False:
+                self.marker.damaged.append(f"run {name}: its manifest does not parse")
+        self.datas = list(pool.map(lambda r: read_ref(self.store, r[0], r[1]), self.refs))
+        self.targets = [ref_target(kind, data, f"{kind}/{name}")
+                        for (kind, name, _), data in zip(self.refs, self.datas, strict=True)]
+        for (kind, _, f), data, named in zip(self.refs, self.datas, self.targets, strict=True):
+            if kind == "index/evalset" and named:
+                self.roots |= named  # latest of each eval set: always kept
+                entry = repo.parse_index_entry(kind, data or b"{}", where=kind)
+                self.pointed.add(str(entry.get("run_id")))
+            elif named and self.young(f):
+                self.roots |= named  # a run still writing
+        self.roots |= {key.split(" ", 1)[1] for key, f in self.listing.objects.items()
+                       if self.young(f)}
+
+    def retain(self, keep_last: int | None, older_than_days: float | None) -> None:
+        self.why = _retain(self.manifests, self.listing, self.pointed, keep_last=keep_last,
+                           older_than_days=older_than_days, young=self.young, now=self.now)
+        for name, m in sorted(self.manifests.items(), key=lambda i: i[1].created_at,
+                              reverse=True):
+            entry = {"run_id": m.run_id, "eval_set_id": m.eval_set_id,
+                     "created_at": m.created_at, "record_id": m.record_oid}
+            if self.why[name] is None:
+                self.report.runs_removed.append(entry)
+            else:
+                self.report.runs_kept.append({**entry, "why": self.why[name]})
+                self.roots |= {m.record_oid, m.snapshot_oid or "", *(e.oid for e in m.objects)}
+
+    def _count(self, kind: str, f: StoredFile, keep: bool, defer: bool = False) -> None:
+        count = self.report.kinds[kind]
+        if keep:
+            count.kept += 1
+        elif defer or self.young(f):
+            count.deferred += 1
+        else:
+            count.removed += 1
+            count.bytes += f.size
+            self.doomed[kind].append(f)
+
+    def decide(self) -> None:
+        marked, history, report = self.marker.marked, self.marker.history, self.report
+        report.warnings += [f"cannot read {d}; objects are kept this time"
+                            for d in self.marker.damaged]
+        if self.marker.damaged:
+            report.objects_deferred = "something gc must follow cannot be read (see warnings)"
+        elif report.writer_started_ago is None and self.listing.objects:
+            report.objects_deferred = ("v1/STORE is missing, so gc cannot tell when a run last "
+                                       "started; any run or rescore writes it again")
+        elif report.writer_started_ago is not None and report.writer_started_ago < self.grace:
+            report.objects_deferred = (
+                f"a writing command started {report.writer_started_ago:.0f} s ago, within the "
+                "grace period: objects, index entries and cached results wait for a gc when "
+                "no run may be writing")
+        waiting = report.objects_deferred is not None
+        for name, f in self.listing.runs.items():
+            self._count("run", f, name not in self.manifests or self.why[name] is not None)
+        for (kind, name, f), named in zip(self.refs, self.targets, strict=True):
+            if kind == "report":
+                hit = _REPORT.match(name)
+                keep = not hit or f"sha256:{hit.group(1)}" in marked
+            elif kind == "adk history":
+                keep = name in history or name.removesuffix(".evalset_result.json") in history
+            else:
+                keep = kind == "index/evalset" or bool(named and named <= marked)
+            # a running run may reuse through an index or cached result: they wait too
+            self._count(kind, f, keep, defer=kind in _WAITING and waiting)
+        for f in self.listing.temporary:
+            self._count("temporary file", f, False)
+        for key, f in self.listing.objects.items():
+            kind, oid = key.split(" ", 1)
+            self._count(kind, f, oid in marked, defer=waiting)
+
+    def sweep(self) -> None:
+        before = {f.rel: data for (_, _, f), data in zip(self.refs, self.datas, strict=True)}
+        for kind in _DELETE_ORDER:
+            files = self.doomed.get(kind, [])
+            if files and not self.dry_run and (kind in repo.INDEXES or kind == "prefect result"):
+                files = _unchanged(self.store, kind, files, before, self.report.kinds[kind])
+            self.report.removed += [self.store._url(f.rel) for f in files]
+            if files and not self.dry_run:
+                delete_files(self.store, [f.rel for f in files])
+
+
+def _unchanged(store: Store, kind: str, files: list[StoredFile], before: dict[str, bytes | None],
+               count: KindCount) -> list[StoredFile]:
+    """The refs that still hold what gc read: one a run has just rewritten is left alone."""
+    keep = []
+    for f in files:
+        if read_ref(store, kind, f.rel.rsplit("/", 1)[-1]) == before.get(f.rel):
+            keep.append(f)
+        else:
+            count.removed, count.bytes, count.kept = (count.removed - 1, count.bytes - f.size,
+                                                      count.kept + 1)
+    return keep
+
+
+def gc_table(report: GcReport) -> Any:
+    """The rich table of a report: one row per kind of file."""
+    from rich.table import Table
+
+    verb = "would remove" if report.dry_run else "removed"
+    table = Table(title=f"gc of {report.store}" + (" (dry run)" if report.dry_run else ""))
+    for name, justify in (("kind", "left"), ("kept", "right"), (verb, "right"),
+                          ("bytes", "right"), ("deferred", "right")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for kind, c in report.kinds.items():
+        if c.kept or c.removed or c.deferred:
+            table.add_row(kind, str(c.kept), str(c.removed), f"{c.bytes:,}", str(c.deferred))
+    table.caption = (f"{report.removed_count} file(s), {report.removed_bytes:,} bytes {verb}; "
+                     f"{len(report.runs_kept)} run(s) kept, {len(report.runs_removed)} "
+                     f"{verb}; grace {report.grace_seconds:g} s")
+    return table

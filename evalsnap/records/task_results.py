@@ -1,0 +1,63 @@
+"""Prefect's cached task results as evalsnap writes them: plain JSON ids, never code.
+
+Prefect persists a cached task result as a *result record* (JSON metadata naming a
+serializer, and the result as that serializer wrote it). evalsnap's serializer
+(``evalsnap-ids``, :mod:`tasks.results`) writes plain JSON data only; this module is the one
+parse of such a record, used by the result storage before Prefect sees a record and by
+``evalsnap verify``. Plain Python: no Prefect import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from evalsnap.jsonsafe import strict_json
+
+SERIALIZER_TYPE = "evalsnap-ids"
+#: A cached result is a list of small id records; anything much bigger is not ours.
+MAX_RESULT_BYTES = 64 * 1024 * 1024
+
+
+def plain(value: Any, depth: int = 0) -> bool:
+    """JSON data only: no depth bomb, nothing that could name code."""
+    if depth > 16:
+        return False
+    if value is None or isinstance(value, bool | int | float | str):
+        return True
+    if isinstance(value, list):
+        return all(plain(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and plain(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def loads_plain(data: bytes | str) -> Any:
+    """Parses JSON as the store's other readers do (``strict_json``: no NaN/Infinity, no
+    nesting bomb), and no deeper than ids need; ``ValueError`` otherwise."""
+    try:
+        value = strict_json(data.decode("utf-8") if isinstance(data, bytes) else data)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 ({exc})") from None
+    if not plain(value):
+        raise ValueError("nested too deeply for a task result")
+    return value
+
+
+def record_value(data: bytes) -> Any:
+    """The result inside a stored result record, if the record is one of ours; else
+    ``ValueError`` saying why."""
+    if not data:
+        raise ValueError("empty file (an interrupted write, or a full disk)")
+    if len(data) > MAX_RESULT_BYTES:
+        raise ValueError(f"{len(data)} bytes")
+    record = loads_plain(data)
+    if not isinstance(record, dict) or not isinstance(record.get("metadata"), dict):
+        raise ValueError("not a result record")
+    serializer = record["metadata"].get("serializer")
+    kind = serializer.get("type") if isinstance(serializer, dict) else None
+    if kind != SERIALIZER_TYPE:
+        raise ValueError(f"it names serializer {kind!r}, not {SERIALIZER_TYPE!r}")
+    result = record.get("result")
+    if not isinstance(result, str):
+        raise ValueError("its result is not text")
+    return loads_plain(result)

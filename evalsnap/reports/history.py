@@ -1,0 +1,205 @@
+"""``history EVALSET``: per metric, the pass rate and mean score of each run of an eval set.
+
+Runs are found through their manifests (the only pointers to a run; a manifest that
+cannot be read is skipped with a warning, as ``ls`` skips it) and measured from their
+records and score units. A unit passes when its gate status is ``PASSED`` or
+``INFORMATIONAL`` (as a run's verdict counts it); a ``NOT_EVALUATED`` unit counts as not
+passed. The mean score is the mean of the metrics' own overall scores that are not None.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from evalsnap.errors import EvalsnapError
+from evalsnap.records import EvaluationRecord, repo
+from evalsnap.records._base import parse_stored
+from evalsnap.records.repo import UNREADABLE_MANIFEST
+
+logger = logging.getLogger(__name__)
+
+#: Unit reads in flight (a remote store answers each read in milliseconds).
+_READERS = 8
+PASSING = ("PASSED", "INFORMATIONAL")
+REPORTS = "reports"
+"""Ref namespace of what a run publishes for people, per record: the page
+``<record hex>.html`` and its history point ``<record hex>.json``."""
+_POINT_LIMIT = 1 << 20
+
+
+class _MetricPoint(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    units: int
+    passed: int
+    failed: int
+    not_evaluated: int
+    incomplete: int
+    pass_rate: float | None
+    mean_score: float | None
+
+
+class _RunPoint(BaseModel):
+    """A stored history point, as :func:`run_point` makes it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str
+    record_id: str
+    kind: str
+    created_at: str
+    passed: bool
+    complete: bool
+    full: bool
+    cases: int
+    units: int
+    metrics: dict[str, _MetricPoint]
+
+
+def point_name(record_oid: str) -> str:
+    return f"{repo.hexof(record_oid)}.json"
+
+
+def save_point(store: Any, point: dict[str, Any]) -> None:
+    """Stores a run's history point beside its page, so that later trends read one small
+    file instead of every unit of the run."""
+    store.put_ref(REPORTS, point_name(point["record_id"]), json.dumps(point).encode())
+
+
+def _saved_point(store: Any, record_oid: str, record: EvaluationRecord) -> dict[str, Any] | None:
+    """The stored point of a record if it is one and names this record and run; otherwise
+    None (it is only a shortcut: the point is then computed from the units)."""
+    data = store.get_ref(REPORTS, point_name(record_oid))
+    if data is None:
+        return None
+    try:
+        point = _RunPoint.model_validate(parse_stored(data, what=f"{REPORTS}/{point_name(record_oid)}",
+                                                      limit=_POINT_LIMIT)).model_dump()
+    except (EvalsnapError, ValidationError) as exc:
+        logger.warning("history point of record %s unusable (%s); reading its units", record_oid,
+                       str(exc).splitlines()[0])
+        return None
+    if (point["record_id"], point["run_id"]) != (record_oid, record.run_id):
+        logger.warning("history point of record %s names another record; reading its units",
+                       record_oid)
+        return None
+    return point
+
+
+def metric_stats(store: Any, record: EvaluationRecord) -> dict[str, dict[str, Any]]:
+    """Per metric of ``record``, in the record's order: units, passed, failed,
+    not evaluated, pass rate (0-1, None without units) and mean score (None if unscored)."""
+    oids = [ref.unit_oid for ref in record.units]
+    with ThreadPoolExecutor(max_workers=_READERS) as pool:
+        units = dict(zip(oids, pool.map(lambda o: repo.get_unit_shared(store, o), oids),
+                         strict=True))
+    stats: dict[str, dict[str, Any]] = {}
+    scores: dict[str, list[float]] = {}
+    for ref in record.units:
+        unit = units[ref.unit_oid]
+        s = stats.setdefault(ref.metric_name, {"units": 0, "passed": 0, "failed": 0,
+                                               "not_evaluated": 0, "incomplete": 0})
+        s["units"] += 1
+        s["passed"] += unit.status in PASSING
+        s["failed"] += unit.status == "FAILED"
+        s["not_evaluated"] += unit.status == "NOT_EVALUATED"
+        s["incomplete"] += not unit.complete
+        if unit.score is not None:
+            scores.setdefault(ref.metric_name, []).append(unit.score)
+    for name, s in stats.items():
+        s["pass_rate"] = s["passed"] / s["units"] if s["units"] else None
+        found = scores.get(name)
+        s["mean_score"] = sum(found) / len(found) if found else None
+    return stats
+
+
+def run_point(store: Any, record_oid: str, record: EvaluationRecord) -> dict[str, Any]:
+    """One run of the history: its ids, verdict, size and :func:`metric_stats`."""
+    return {
+        "run_id": record.run_id, "record_id": record_oid, "kind": record.kind,
+        "created_at": record.created_at, "passed": record.summary.passed,
+        "complete": record.summary.complete, "full": record.full,
+        "cases": len({(i.eval_id, i.repetition) for i in record.inference}
+                     | {(u.eval_id, u.repetition) for u in record.units}),
+        "units": len(record.units),
+        "metrics": metric_stats(store, record),
+    }
+
+
+def _runs_of(store: Any, eval_set_id: str) -> list[tuple[str, str]]:
+    """(created_at, run name) of the manifests of ``eval_set_id``, oldest first, each only
+    parsed (validating a manifest costs ~20 ms at 300 cases; only the runs shown are)."""
+    found = []
+    for name in store.list_refs("runs"):
+        data = store.get_ref("runs", name)
+        try:
+            raw = parse_stored(data, what=f"manifest runs/{name}") if data is not None else None
+        except EvalsnapError as exc:
+            logger.warning("skipping run %s: %s", name, exc)
+            continue
+        if not isinstance(raw, dict) or raw.get("eval_set_id") != eval_set_id:
+            continue
+        created = raw.get("created_at")
+        found.append((created if isinstance(created, str) else "", name))
+    return sorted(found)
+
+
+def history(store: Any, eval_set_id: str, last: int | None = None, *,
+            until: str | None = None, exclude_run: str | None = None) -> list[dict[str, Any]]:
+    """The :func:`run_point` of each readable run of ``eval_set_id``, newest last: the
+    ``last`` newest (all when None), created at or before ``until`` if given, without
+    ``exclude_run``. An unreadable manifest or record is skipped with a warning."""
+    names = [(c, n) for c, n in _runs_of(store, eval_set_id)
+             if (until is None or c <= until) and n != exclude_run]
+    points: list[dict[str, Any]] = []
+    for _, name in reversed(names):  # newest first, so that `last` stops early
+        if last is not None and len(points) >= last:
+            break
+        try:
+            manifest = repo.read_manifest(store, name)
+            record = repo.get(store, EvaluationRecord, manifest.record_oid)
+            points.append(_saved_point(store, manifest.record_oid, record)
+                          or run_point(store, manifest.record_oid, record))
+        except UNREADABLE_MANIFEST as exc:
+            logger.warning("skipping run %s: %s", name, exc)
+        except EvalsnapError as exc:
+            logger.warning("skipping run %s: its record or a unit cannot be read (%s)", name,
+                           exc)
+    return list(reversed(points))
+
+
+def metric_names(points: list[dict[str, Any]]) -> list[str]:
+    """Every metric of the points, in order of first appearance from the newest run back."""
+    names: list[str] = []
+    for point in reversed(points):
+        names += [n for n in point["metrics"] if n not in names]
+    return names
+
+
+def history_table(eval_set_id: str, points: list[dict[str, Any]]) -> Any:
+    """A rich Table: per run (newest last), one row per metric: pass rate, units passed,
+    mean score."""
+    from rich.table import Table
+
+    table = Table(title=f"{eval_set_id} — {len(points)} run(s), newest last")
+    table.add_column("run", min_width=23)
+    table.add_column("metric", overflow="fold")
+    for column in ("pass rate", "passed", "mean"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for p in points:
+        verdict = ("[green]passed[/]" if p["passed"] else
+                   "[red]failed[/]" if p["complete"] else "[yellow]incomplete[/]")
+        run = (f"{p['created_at'][:16].replace('T', ' ')}\n{p['run_id']}\n{p['kind']}"
+               f"{'' if p['full'] else ' (subset)'}, {p['cases']} case(s), {verdict}")
+        for i, (name, st) in enumerate(p["metrics"].items()):
+            rate = "—" if st["pass_rate"] is None else f"{100 * st['pass_rate']:.1f}%"
+            mean = "—" if st["mean_score"] is None else f"{st['mean_score']:.3f}"
+            table.add_row(run if i == 0 else "", name, rate, f"{st['passed']}/{st['units']}", mean,
+                          end_section=i == len(p["metrics"]) - 1)
+    table.caption = "pass rate: units PASSED (or INFORMATIONAL) of all; mean: the metric's score"
+    return table

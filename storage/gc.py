@@ -1,0 +1,101 @@
+"""The storage half of ``evalsnap gc``: every file of a store area with its size and age,
+and deletion, each call under the store's deadlines (:meth:`storage._backend.Backend.call`).
+
+What may be deleted is decided above this layer (:mod:`evalsnap.records.gc`); here a file
+is only a path relative to the store root (``v1/objects/unit/ab/cd…``), a size and the
+time the backend last wrote it (local: ``mtime``; S3: ``LastModified``; GCS: ``updated``;
+memory: ``created``), in seconds since the epoch on the store's clock.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from storage._layout import LAYOUT_VERSION
+from storage.store import Store
+
+__all__ = ["StoredFile", "delete_files", "list_files", "marker_written_at"]
+
+_WORKERS = 8
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """One file of the store."""
+
+    rel: str
+    """Path relative to the store root, e.g. ``v1/refs/runs/<run_id>``."""
+    size: int
+    modified: float | None
+    """When the backend last wrote it (epoch seconds); None if the backend does not say."""
+
+
+def _modified(info: dict[str, Any]) -> float | None:
+    """The write time in an fsspec info dict, whichever backend spelt it."""
+    for key in ("mtime", "LastModified", "updated", "created"):
+        value = info.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, dt.datetime):
+            return (value if value.tzinfo else value.replace(tzinfo=dt.UTC)).timestamp()
+        if isinstance(value, str) and value:
+            try:
+                parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                continue
+            return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).timestamp()
+    return None
+
+
+def list_files(store: Store, area: str) -> list[StoredFile]:
+    """Every file under ``area`` (relative to the store root, e.g. ``v1/objects``), sorted;
+    the listing is taken when called (no listings cache)."""
+    store._ensure_ready()
+    base = store._path(area.strip("/"))
+    root = f"{store._b.root}/"
+    try:
+        found = store._b.call(f"listing {store._url(area)}", "find", base, detail=True,
+                              long=True)
+    except FileNotFoundError:
+        return []
+    out = []
+    for path, info in sorted(found.items()):
+        path = str(path).rstrip("/")
+        if info.get("type", "file") != "file" or not path.startswith(root):
+            continue
+        out.append(StoredFile(path[len(root):], int(info.get("size") or 0), _modified(info)))
+    return out
+
+
+def marker_written_at(store: Store) -> float | None:
+    """When ``v1/STORE`` was last written: every command that writes rewrites it before it
+    starts its work (:meth:`Store.check`), so this is when the latest writer started."""
+    rel = f"{LAYOUT_VERSION}/STORE"
+    store._ensure_ready()
+    try:
+        info = store._b.call(f"looking up {store._url(rel)}", "info", store._path(rel))
+    except FileNotFoundError:
+        return None
+    return _modified(info)
+
+
+def delete_files(store: Store, rels: Iterable[str]) -> int:
+    """Deletes each file (a missing one is not an error: another gc may have been first);
+    returns how many calls were made. A failure raises ``StoreUnavailable`` naming the file."""
+    store._ensure_ready()
+
+    def remove(rel: str) -> None:
+        try:
+            store._b.call(f"deleting {store._url(rel)}", "rm_file", store._path(rel))
+        except FileNotFoundError:
+            pass
+
+    paths = list(rels)
+    with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
+        for _ in pool.map(remove, paths):
+            pass
+    return len(paths)
