@@ -31,8 +31,8 @@ one; ``storage.errors`` names are also importable from ``storage``)::
     RecordedJudgeError           evalsnap.pipeline.judge   replay of a judge sample that failed when recorded
     _UnusableParent              evalsnap.pipeline.publish the previous record is unreadable: no parent pointer
     InferenceFailed              tasks.inference           makes Prefect retry (and not cache) a failed batch
-    DeadlineExceeded             evalsnap.deadlines        a call past its deadline: a failed inference or NOT_EVALUATED unit
-    UnsupportedCase              evalsnap.langgraph.inference  a case the LangGraph lane cannot map: a failed inference saying why
+    DeadlineExceeded             evalsnap.deadlines        past a deadline: a failed inference, a NOT_EVALUATED unit
+    UnsupportedCase              evalsnap.langgraph.inference  a case the lane cannot map: a failed inference
 
 Exit codes of the command line: 0 passed, 1 quality (a metric failed), 2 any error of this
 tree, 3 incomplete (something could not be evaluated, or an internal error).

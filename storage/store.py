@@ -187,6 +187,7 @@ class Store:
         self._ensure_ready()
         data = self._read(rel, f"reading {self._url(rel)}", long=True)
         if data is None:
+            self._bucket_still_there(f"reading {self._url(rel)}")
             raise ObjectNotFound(self._url(rel))
         actual = oid_of(data)
         if actual != oid:
@@ -332,6 +333,19 @@ class Store:
             if not self._ready:
                 self._probe()
                 self._ready = True
+
+    def _bucket_still_there(self, what: str) -> None:
+        """A missing object in a bucket that is gone is a missing bucket (deleted since the
+        store was opened), not a missing object: raises ``StoreUnavailable`` saying so."""
+        if not self._b.is_object_store:
+            return
+        try:
+            self._b.call(f"looking up bucket {self._b.bucket!r}", "info", self._b.bucket,
+                         passthrough=(FileNotFoundError, PermissionError))
+        except FileNotFoundError as exc:
+            raise self._b.missing_bucket(what) from exc
+        except PermissionError:
+            pass  # cannot tell: the object is what is missing
 
     def _probe(self) -> None:
         if self._b.protocol == "file":

@@ -251,3 +251,29 @@ def test_storage_options_reach_the_scoring_process(agent: Path, moto: Server,
 
     # the same units as the in-process scoring of the same cases (no pool below 200 units)
     assert units(result.json) == units(s3_runs["cold"].json)
+
+
+def test_a_bucket_deleted_while_in_use_is_reported_as_missing_not_an_object(
+        moto: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 21: a bucket deleted mid-run is "bucket … does not exist", not "object not found"."""
+    import boto3
+
+    from storage import Store, StoreUnavailable
+    from storage.errors import ObjectNotFound
+
+    bucket = f"vanishing-{uuid.uuid4().hex[:8]}"
+    s3_create_bucket(moto, bucket)
+    for key, value in _env(AWS_ENDPOINT_URL=moto.url).items():
+        monkeypatch.setenv(key, value)
+    store = Store(f"s3://{bucket}/p")
+    oid = store.put_object("unit", b'{"a": 1}')
+    missing = "sha256:" + "0" * 64
+    with pytest.raises(ObjectNotFound):  # the bucket is there: a missing object is one
+        store.get_object("unit", missing)
+    client = boto3.client("s3", endpoint_url=moto.url, aws_access_key_id="testing",
+                          aws_secret_access_key="testing", region_name="us-east-1")
+    for item in client.list_objects_v2(Bucket=bucket).get("Contents", []):
+        client.delete_object(Bucket=bucket, Key=item["Key"])
+    client.delete_bucket(Bucket=bucket)
+    with pytest.raises(StoreUnavailable, match="does not exist"):
+        store.get_object("unit", oid)
