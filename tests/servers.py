@@ -156,6 +156,17 @@ def fake_gcs_command(port: int) -> list[str]:
     ]
 
 
+@contextlib.contextmanager
+def moto_with_bucket(bucket: str) -> Iterator[Server]:
+    """A moto server with ``bucket`` created, stopped by PID on exit (for a fixture to yield)."""
+    server = start_moto()
+    try:
+        s3_create_bucket(server, bucket)
+        yield server
+    finally:
+        server.stop()
+
+
 def start_fake_gcs(port: int | None = None) -> Server:
     """Start fake-gcs-server (in-memory backend, plain HTTP) on 127.0.0.1."""
     port = port or free_port()

@@ -24,7 +24,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.conftest import ROOT, SHOP, run_cli
-from tests.servers import Server, gcs_create_bucket, s3_create_bucket, start_fake_gcs, start_moto
+from tests.servers import Server, gcs_create_bucket, moto_with_bucket, start_fake_gcs
 
 CASES_A = ["weather_paris", "cart_add_two_items", "cart_add_then_show"]
 CASES_NEW = ["weather_two_cities", "cart_add_to_prefilled", "cart_show_prefilled",
@@ -185,12 +185,8 @@ def test_a_killed_run_is_collected_only_after_the_grace_period(agent: Path, tmp_
 
 @pytest.fixture(scope="module")
 def moto() -> Iterator[Server]:
-    server = start_moto()
-    try:
-        s3_create_bucket(server, BUCKET)
+    with moto_with_bucket(BUCKET) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _objects(store: str, env: dict[str, str]) -> set[str]:

@@ -33,7 +33,7 @@ import pytest
 from evalsnap.reports.verify import verify_store
 from storage import Store
 from tests.conftest import ROOT, SHOP, CliResult, run_cli
-from tests.servers import Server, s3_create_bucket, start_moto
+from tests.servers import Server, moto_with_bucket
 
 CASES = ["weather_paris", "weather_two_cities", "cart_add_two_items", "cart_add_then_show",
          "greeting_then_weather", "cart_add_wrong_trajectory"]
@@ -87,12 +87,8 @@ def uninterrupted(agent: dict[str, Path]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def moto() -> Iterator[Server]:
-    server = start_moto()
-    try:
-        s3_create_bucket(server, BUCKET)
+    with moto_with_bucket(BUCKET) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @contextmanager

@@ -17,7 +17,7 @@ import fsspec
 import pytest
 
 from tests.conftest import SHOP, free_port, run_cli
-from tests.servers import Server, gcs_create_bucket, s3_create_bucket, start_fake_gcs, start_moto
+from tests.servers import Server, gcs_create_bucket, moto_with_bucket, s3_create_bucket, start_fake_gcs, start_moto
 
 BUCKET = "evalsnap-e2e"
 
@@ -52,12 +52,8 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def moto() -> Iterator[Server]:
-    server = start_moto()
-    try:
-        s3_create_bucket(server, BUCKET)
+    with moto_with_bucket(BUCKET) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ must equal those of ``show --json``, and the crafted text must be text, not elem
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -20,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import SHOP, run_cli
-from tests.test_reports import CRAFTED_CASE, PAYLOAD, check_numbers, parse_page
+from tests.conftest import run_cli
+from tests.test_reports import PAYLOAD, check_numbers, crafted_shop, parse_page
 
 CHROMIUM = shutil.which("chromium")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed "
@@ -43,13 +42,7 @@ def browse(url: str, *extra: str, tmp: Path) -> tuple[str, list[str]]:
 @pytest.fixture(scope="module")
 def published(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("browser")
-    agent = root / "agents" / "shop_agent"
-    shutil.copytree(SHOP, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
-    evalset = agent / "shop.evalset.json"
-    data = json.loads(evalset.read_text("utf-8"))
-    case = next(c for c in data["eval_cases"] if c["eval_id"] == CRAFTED_CASE)
-    case["conversation"][-1]["final_response"]["parts"] = [{"text": PAYLOAD}]
-    evalset.write_text(json.dumps(data), "utf-8")
+    agent, evalset = crafted_shop(root)
     store = root / "store"
     r = run_cli("run", str(agent), str(evalset), "--store", str(store), "--json")
     assert r.code in (1, 3), r.stderr[-3000:]

@@ -30,9 +30,8 @@ def _ok(r: Any, what: str) -> dict[str, Any]:
     return r.json
 
 
-@pytest.fixture(scope="module")
-def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    root = tmp_path_factory.mktemp("reports")
+def crafted_shop(root: Path) -> tuple[Path, Path]:
+    """A copy of the demo agent whose eval set holds markup in one expected answer."""
     agent = root / "agents" / "shop_agent"
     shutil.copytree(SHOP, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
     evalset = agent / "shop.evalset.json"
@@ -40,6 +39,13 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     case = next(c for c in data["eval_cases"] if c["eval_id"] == CRAFTED_CASE)
     case["conversation"][-1]["final_response"]["parts"] = [{"text": PAYLOAD}]
     evalset.write_text(json.dumps(data), "utf-8")
+    return agent, evalset
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("reports")
+    agent, evalset = crafted_shop(root)
     config = json.loads((agent / "test_config.json").read_text("utf-8"))
     config["criteria"]["response_match_score"] = 0.8
     config["criteria"]["rubric_based_final_response_quality_v1"]["threshold"] = 0.75

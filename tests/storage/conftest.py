@@ -24,9 +24,8 @@ from storage import Store  # noqa: E402
 from tests.servers import (  # noqa: E402
     Server,
     gcs_create_bucket,
-    s3_create_bucket,
+    moto_with_bucket,
     start_fake_gcs,
-    start_moto,
 )
 
 BUCKET = "evalsnap-test"
@@ -55,12 +54,8 @@ class BackendCase:
 
 @pytest.fixture(scope="session")
 def moto_server() -> Iterator[Server]:
-    server = start_moto()
-    try:
-        s3_create_bucket(server, BUCKET)
+    with moto_with_bucket(BUCKET) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")
