@@ -272,12 +272,13 @@ class JudgeRecorder:
 
     async def _answers(self, llm_request: LlmRequest, stream: bool,
                        timeout: float) -> list[LlmResponse]:
-        async def collect() -> list[LlmResponse]:
-            return [r async for r in self.inner.generate_content_async(llm_request, stream)]
-
+        deadline = asyncio.timeout(timeout)
         try:
-            return await asyncio.wait_for(collect(), timeout)
+            async with deadline:
+                return [r async for r in self.inner.generate_content_async(llm_request, stream)]
         except TimeoutError:
+            if not deadline.expired():
+                raise  # the model's own timeout: its error, retried as transient
             raise exceeded(f"judge call to {self.model or 'the judge model'}", timeout,
                            "EVALSNAP_JUDGE_CALL_TIMEOUT") from None
 
