@@ -19,7 +19,7 @@ import asyncio
 import inspect
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from evalsnap import settings
 from evalsnap.errors import ConfigError
@@ -92,6 +92,44 @@ def in_daemon_thread(fn: Callable[..., T], *args: Any) -> Awaitable[T]:
 
     threading.Thread(target=run, name="evalsnap-user-code", daemon=True).start()
     return future
+
+
+class CallWatch(Protocol):
+    """Keeps the deadlines of the model calls inside one inference (each lane has its own)."""
+
+    expired: DeadlineExceeded | None
+
+    def arm(self, task: asyncio.Task[Any]) -> None:
+        """Watch the calls of ``task``: past a call's deadline, set ``expired``, cancel it."""
+
+    def disarm(self) -> None:
+        """Stop watching."""
+
+
+async def within_inference_deadline(work: Awaitable[T], watch: CallWatch, what: str) -> T:
+    """Awaits ``work`` (a coroutine) as its own task under the inference's deadline
+    (``EVALSNAP_INFERENCE_TIMEOUT``) and its model calls' (``watch``): a deadline hit raises
+    :class:`DeadlineExceeded`; cancelling the caller cancels the work."""
+    seconds = settings.get().inference_timeout
+    task = asyncio.ensure_future(work)
+    watch.arm(task)
+    whole = asyncio.timeout(seconds)
+    try:
+        async with whole:
+            return await task
+    except TimeoutError:
+        if not whole.expired():
+            raise
+        raise exceeded(what, seconds, "EVALSNAP_INFERENCE_TIMEOUT") from None
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if watch.expired is None or (current is not None and current.cancelling()):
+            raise
+        raise watch.expired from None
+    finally:
+        watch.disarm()
+        if not task.done():
+            task.cancel()
 
 
 def off_the_loop(fn: Callable[..., Any]) -> Callable[..., Any]:

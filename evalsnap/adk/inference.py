@@ -18,7 +18,7 @@ from google.adk.version import __version__ as ADK_VERSION
 
 from evalsnap import settings
 from evalsnap.adk.agent import LoadedAgent
-from evalsnap.deadlines import DeadlineExceeded, exceeded
+from evalsnap.deadlines import DeadlineExceeded, exceeded, within_inference_deadline
 from evalsnap.fingerprint import inference_fingerprint
 from evalsnap.records import InferenceRecord
 
@@ -43,7 +43,8 @@ class _CountingPlugin(BasePlugin):
 
     A call is open from ``before_model_callback`` until its first response, its error, or
     an event of its agent (an agent callback that answered instead of the model). A call
-    still open at its deadline cancels the inference (:func:`guarded`), which then fails.
+    still open at its deadline cancels the inference
+    (:func:`evalsnap.deadlines.within_inference_deadline`), which then fails.
     """
 
     def __init__(self, call_timeout: float | None = None) -> None:
@@ -91,36 +92,12 @@ class _CountingPlugin(BasePlugin):
         if self.task is not None:
             self.task.cancel()
 
+    def arm(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+
     def disarm(self) -> None:
         for key in list(self._open):
             self._close(key)
-
-
-async def guarded(work: Any, counter: _CountingPlugin, what: str) -> Any:
-    """Awaits ``work`` (a coroutine) as its own task under the inference's deadline
-    (``EVALSNAP_INFERENCE_TIMEOUT``) and its model calls' deadlines (``counter``): a deadline
-    hit raises :class:`~evalsnap.deadlines.DeadlineExceeded`; cancelling the caller cancels
-    the work."""
-    seconds = settings.get().inference_timeout
-    task = asyncio.ensure_future(work)
-    counter.task = task
-    whole = asyncio.timeout(seconds)
-    try:
-        async with whole:
-            return await task
-    except TimeoutError:
-        if not whole.expired():
-            raise
-        raise exceeded(what, seconds, "EVALSNAP_INFERENCE_TIMEOUT") from None
-    except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if counter.expired is None or (current is not None and current.cancelling()):
-            raise
-        raise counter.expired from None
-    finally:
-        counter.disarm()
-        if not task.done():
-            task.cancel()
 
 
 class CapturingSessionService(InMemorySessionService):
@@ -186,7 +163,7 @@ async def run_inference(
         run_id=run_id, created_at=now_iso(),
     )
     try:
-        invocations = await guarded(
+        invocations = await within_inference_deadline(
             EvaluationGenerator._generate_inferences_from_root_agent(  # noqa: SLF001
                 root_agent=agent.root_agent,
                 user_simulator=UserSimulatorProvider(user_simulator_config).provide(case),

@@ -28,7 +28,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMe
 from evalsnap import settings
 from evalsnap.adk.agent import LoadedAgent
 from evalsnap.adk.inference import clean_state, now_iso
-from evalsnap.deadlines import DeadlineExceeded, exceeded
+from evalsnap.deadlines import DeadlineExceeded, exceeded, within_inference_deadline
 from evalsnap.fingerprint import inference_fingerprint
 from evalsnap.records import InferenceRecord
 
@@ -289,38 +289,31 @@ async def _run_turns(agent: LoadedAgent, case: EvalCase, seed: dict[str, Any],
     return invocations, _json_values(values)
 
 
-async def _within_deadlines(work: Any, counter: ModelCallCounter, eval_id: str) -> Any:
-    """``work`` under the inference's deadline (``EVALSNAP_INFERENCE_TIMEOUT``) and each model
-    call's (``EVALSNAP_AGENT_CALL_TIMEOUT``, watched from the loop: a sync node's thread is
-    left to finish, its inference fails)."""
-    s = settings.get()
-    task = asyncio.ensure_future(work)
-    expired: list[DeadlineExceeded] = []
+class _CallWatch:
+    """Each model call's deadline (``EVALSNAP_AGENT_CALL_TIMEOUT``), watched from the loop
+    through the callback counter: a sync node's thread is left to finish, its inference fails."""
 
-    async def watch() -> None:
+    def __init__(self, counter: ModelCallCounter, eval_id: str) -> None:
+        self.counter, self.eval_id = counter, eval_id
+        self.expired: DeadlineExceeded | None = None
+        self._watcher: asyncio.Task[None] | None = None
+
+    def arm(self, task: asyncio.Task[Any]) -> None:
+        self._watcher = asyncio.ensure_future(self._watch(task))
+
+    async def _watch(self, task: asyncio.Task[Any]) -> None:
+        limit = settings.get().agent_call_timeout
         while not task.done():
-            await asyncio.sleep(min(1.0, s.agent_call_timeout / 4))
-            started = counter.oldest_model_call()
-            if started is not None and time.monotonic() - started > s.agent_call_timeout:
-                expired.append(exceeded(f"agent model call of case {eval_id!r}", s.agent_call_timeout,
-                                        "EVALSNAP_AGENT_CALL_TIMEOUT"))
+            await asyncio.sleep(min(1.0, limit / 4))
+            started = self.counter.oldest_model_call()
+            if started is not None and time.monotonic() - started > limit and not self.expired:
+                self.expired = exceeded(f"agent model call of case {self.eval_id!r}", limit,
+                                        "EVALSNAP_AGENT_CALL_TIMEOUT")
                 task.cancel()
 
-    watcher = asyncio.ensure_future(watch())
-    try:
-        async with asyncio.timeout(s.inference_timeout):
-            return await task
-    except TimeoutError:
-        raise exceeded(f"the inference of case {eval_id!r}", s.inference_timeout,
-                       "EVALSNAP_INFERENCE_TIMEOUT") from None
-    except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if expired and not (current is not None and current.cancelling()):
-            raise expired[0] from None
-        raise
-    finally:
-        watcher.cancel()
-        task.cancel()
+    def disarm(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
 
 
 async def run_graph_inference(agent: LoadedAgent, case: EvalCase, *, eval_set_id: str, repetition: int = 0,
@@ -337,8 +330,9 @@ async def run_graph_inference(agent: LoadedAgent, case: EvalCase, *, eval_set_id
     try:
         seed = _seed(agent.graph, case)
         initial = _json_values(seed)
-        invocations, final = await _within_deadlines(_run_turns(agent, case, seed, counter), counter,
-                                                     case.eval_id)
+        invocations, final = await within_inference_deadline(
+            _run_turns(agent, case, seed, counter), _CallWatch(counter, case.eval_id),
+            f"the inference of case {case.eval_id!r}")
     except Exception as exc:  # the graph's own failures are the inference's, recorded
         return InferenceRecord(status="failure", error=f"{type(exc).__name__}: {exc}", model_calls=counter.calls,
                                initial_session_state=initial, **fields)
