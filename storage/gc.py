@@ -5,6 +5,10 @@ What may be deleted is decided above this layer (:mod:`evalsnap.records.gc`); he
 is only a path relative to the store root (``v1/objects/unit/ab/cd…``), a size and the
 time the backend last wrote it (local: ``mtime``; S3: ``LastModified``; GCS: ``updated``;
 memory: ``created``), in seconds since the epoch on the store's clock.
+
+Local stores are listed without following symbolic links, and one below the store root is
+refused (``StoreUnavailable`` naming it): gc never deletes outside the store
+(:func:`storage._local.confine`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from storage import _local
 from storage._layout import LAYOUT_VERSION
 from storage.store import Store
 
@@ -55,6 +60,10 @@ def list_files(store: Store, area: str) -> list[StoredFile]:
     """Every file under ``area`` (relative to the store root, e.g. ``v1/objects``), sorted;
     the listing is taken when called (no listings cache)."""
     store._ensure_ready()
+    if store._b.protocol == "file":
+        with store._b.failures(f"listing {store._url(area)}"):
+            return [StoredFile(rel, size, mtime)
+                    for rel, size, mtime in _local.list_tree(store._b.root, area.strip("/"))]
     base = store._path(area.strip("/"))
     root = f"{store._b.root}/"
     try:
@@ -83,19 +92,28 @@ def marker_written_at(store: Store) -> float | None:
     return _modified(info)
 
 
-def delete_files(store: Store, rels: Iterable[str]) -> int:
-    """Deletes each file (a missing one is not an error: another gc may have been first);
-    returns how many calls were made. A failure raises ``StoreUnavailable`` naming the file."""
+def delete_files(store: Store, files: Iterable[StoredFile], *, unless_freshened: bool = False
+                 ) -> list[StoredFile]:
+    """Deletes each file (a missing one is not an error: another gc may have been first) and
+    returns those deleted. ``unless_freshened`` (write-once objects): on local disk a file
+    rewritten since it was listed is left (:func:`storage._local.remove`). A failure raises
+    ``StoreUnavailable`` naming the file; a local path through a symbolic link is refused."""
     store._ensure_ready()
+    local = store._b.protocol == "file"
 
-    def remove(rel: str) -> None:
+    def remove(f: StoredFile) -> bool:
+        what = f"deleting {store._url(f.rel)}"
+        if local:
+            with store._b.failures(what):
+                return _local.remove(store._b.root, store._path(f.rel),
+                                     listed_mtime=f.modified if unless_freshened else None)
         try:
-            store._b.call(f"deleting {store._url(rel)}", "rm_file", store._path(rel))
+            store._b.call(what, "rm_file", store._path(f.rel))
         except FileNotFoundError:
             pass
+        return True
 
-    paths = list(rels)
+    batch = list(files)
     with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
-        for _ in pool.map(remove, paths):
-            pass
-    return len(paths)
+        done = list(pool.map(remove, batch))
+    return [f for f, deleted in zip(batch, done, strict=True) if deleted]

@@ -94,10 +94,13 @@ def scoring_pool(plan: Plan, run: RunOptions, runner: str) -> Iterator[Any]:
     two or more cores (``EVALSNAP_SCORE_PROCESSES``), a run that scores its units itself
     (no ``--reuse``, or ``--force``) and at least ``EVALSNAP_SCORE_POOL_MIN_UNITS`` of them.
     Started at once, with a warm-up task: its process imports during the inference.
+    Never for a ``memory://`` store: it lives in this process's memory only, so another
+    process would find none of the run's snapshot and inference there.
     """
     s = settings.get()
     units = plan.inference_total * len(plan.metric_names)
     if (runner != "threads" or s.scoring_process_count < 1 or len(plan.metric_names) < 2
+            or plan.store_url.startswith("memory://")
             or (run.reuse and not run.force) or units < s.score_pool_min_units):
         yield None
         return

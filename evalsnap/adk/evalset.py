@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,17 @@ def _check_cases(eval_set: EvalSet, where: str) -> None:
         raise EvalSetError(
             f"{where} has duplicate eval_id(s) {', '.join(sorted(dupes))}; "
             "every case needs a unique eval_id (cases are matched by it)."
+        )
+    # the same characters, composed differently (NFC "café" and NFD "cafe\u0301"), look
+    # alike in every report: refused as duplicates, never silently normalized
+    by_form = Counter(unicodedata.normalize("NFC", c.eval_id) for c in eval_set.eval_cases)
+    alike = sorted(repr(c.eval_id) for c in eval_set.eval_cases
+                   if by_form[unicodedata.normalize("NFC", c.eval_id)] > 1)
+    if alike:
+        raise EvalSetError(
+            f"{where} has eval_ids that differ only in their Unicode normalization "
+            f"({', '.join(alike)}): they look identical in reports; write them the same way "
+            "(NFC) or rename one."
         )
     for case in eval_set.eval_cases:
         if case.conversation is None and case.conversation_scenario is None:

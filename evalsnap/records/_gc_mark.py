@@ -87,6 +87,8 @@ def _links(kind: str, raw: Any) -> tuple[set[str], str | None]:
         named = {get(i, "inference_oid") for i in raw.get("inference") or []}
         named |= {get(u, "unit_oid") for u in raw.get("units") or []}
         named.add(raw.get("snapshot_oid"))
+        packs = raw.get("packs")  # copies of what it names, for fast reads
+        named |= {p for p in packs if isinstance(p, str)} if isinstance(packs, list) else set()
         path = raw.get("adk_history_path")
         return {o for o in named if isinstance(o, str)}, path if isinstance(path, str) else None
     if kind == "snapshot":
@@ -109,8 +111,8 @@ class Marker:
         self.damaged: list[str] = []
 
     def _read(self, kind: str, oid: str) -> set[str]:
-        if kind == "inference":
-            return set()  # names nothing
+        if kind in ("inference", "pack"):
+            return set()  # names nothing (a pack holds copies of objects named elsewhere)
         try:
             raw = parse_stored(self.store.get_object(kind, oid), what=f"{kind} {oid}")
         except ObjectNotFound:

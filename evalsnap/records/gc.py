@@ -24,6 +24,13 @@ Mark and sweep over one listing of the store (:func:`storage.gc.list_files`):
   deferred for a later gc. A run that takes less than the grace period loses nothing.
   Damage (a kept object or a manifest that cannot be read) defers them too: gc cannot know
   what it names.
+* **A writer that starts during gc stops the sweep.** gc reads ``v1/STORE`` again before
+  every batch of index entries, cached results and objects; once a writer has started since
+  gc began, the rest of them is deferred. Index entries and cached results (the only ways a
+  run finds an object it did not make) go before any object, so a run that found one has
+  rewritten ``v1/STORE`` before the next check. A run that makes an object byte for byte
+  again freshens it (local disk, :func:`storage._local.remove`). ``docs/gc.md`` has the
+  argument.
 
 Deletion order: run manifests first, then refs, then objects (records first), so a reader
 never finds a manifest naming a missing object, and a gc killed half-way leaves only
@@ -35,6 +42,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import re
 import time
 from collections import defaultdict
@@ -57,14 +65,20 @@ DEFAULT_GRACE = 3600.0
 """Seconds: nothing younger is removed; keep it above the longest run."""
 _DAY = 86400.0
 _WORKERS = 8
+_BATCH = 256
+"""Files deleted between two reads of ``v1/STORE`` (index entries, cached results, objects)."""
+_STEP = 2.0
+"""Seconds: S3 dates an object to the second, so a marker written this close to gc's start
+may hide a writer that started after gc read it."""
 _REPORT = re.compile(r"^([0-9a-f]{64})\.(?:html|json)$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 #: Rows of the table, in this order. ``other`` files are left alone.
-KINDS = ("run", "record", "snapshot", "inference", "unit", "judge", *repo.INDEXES,
+KINDS = ("run", "record", "snapshot", "inference", "unit", "judge", "pack", *repo.INDEXES,
          "prefect result", "report", "adk history", "temporary file")
 _WAITING = (*repo.INDEXES, "prefect result")
+_OBJECTS = ("record", "snapshot", "unit", "judge", "inference", "pack")
 _DELETE_ORDER = ("run", *repo.INDEXES, "prefect result", "report", "adk history",
-                 "temporary file", "record", "snapshot", "unit", "judge", "inference")
+                 "temporary file", "record", "pack", "snapshot", "unit", "judge", "inference")
 
 
 def parse_duration(text: str) -> float:
@@ -166,8 +180,12 @@ def collect(store: Store, *, keep_last: int | None = None, older_than_days: floa
     if keep_last is not None and keep_last < 1:
         raise UsageError(f"--keep-last {keep_last}: keep at least 1 run per eval set (the "
                          "newest is always kept).")
-    if (older_than_days is not None and older_than_days < 0) or grace < 0:
-        raise UsageError("--older-than and --grace cannot be negative.")
+    if older_than_days is not None and not (math.isfinite(older_than_days)
+                                            and older_than_days >= 0):
+        raise UsageError(f"--older-than {older_than_days}: give a number of days, 0 or more "
+                         "(e.g. 30 or 0.5).")
+    if not (math.isfinite(grace) and grace >= 0):
+        raise UsageError(f"--grace {grace}: give a duration, 0 or more (e.g. 1h).")
     gc = _Gc(store, grace, dry_run)
     with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
         gc.marker = Marker(store, gc.listing, pool)
@@ -185,7 +203,8 @@ class _Gc:
     def __init__(self, store: Store, grace: float, dry_run: bool) -> None:
         self.store, self.grace, self.dry_run = store, grace, dry_run
         self.now = time.time()
-        marker = marker_written_at(store)
+        self.marker_at = marker_written_at(store)
+        marker = self.marker_at
         self.report = GcReport(store.url, dry_run, grace,
                                None if marker is None else max(0.0, self.now - marker))
         self.listing = classify(list_files(store, "v1"))
@@ -287,15 +306,57 @@ class _Gc:
             kind, oid = key.split(" ", 1)
             self._count(kind, f, oid in marked, defer=waiting)
 
+    def writer_started(self) -> bool:
+        """Whether a writing command may have started since gc began (``v1/STORE``)."""
+        marker = marker_written_at(self.store)
+        return marker is None or marker != self.marker_at or self.now - marker < _STEP
+
     def sweep(self) -> None:
+        """Deletes what :meth:`decide` doomed, in :data:`_DELETE_ORDER`; index entries,
+        cached results and objects in batches, each after a fresh look at ``v1/STORE``."""
         before = {f.rel: data for (_, _, f), data in zip(self.refs, self.datas, strict=True)}
+        stopped = False
         for kind in _DELETE_ORDER:
-            files = self.doomed.get(kind, [])
-            if files and not self.dry_run and (kind in repo.INDEXES or kind == "prefect result"):
-                files = _unchanged(self.store, kind, files, before, self.report.kinds[kind])
-            self.report.removed += [self.store._url(f.rel) for f in files]
-            if files and not self.dry_run:
-                delete_files(self.store, [f.rel for f in files])
+            files, count = self.doomed.get(kind, []), self.report.kinds[kind]
+            waits = kind in _WAITING or kind in _OBJECTS
+            size = _BATCH if waits else max(1, len(files))
+            for start in range(0, len(files), size):
+                batch = files[start:start + size]
+                if waits and not self.dry_run and (stopped or self.writer_started()):
+                    stopped = True
+                    _defer(count, files[start:])
+                    break
+                if not self.dry_run and (kind in repo.INDEXES or kind == "prefect result"):
+                    batch = _unchanged(self.store, kind, batch, before, count)
+                if batch and not self.dry_run:
+                    gone = delete_files(self.store, batch, unless_freshened=kind in _OBJECTS)
+                    _kept(count, list(set(batch) - set(gone)))
+                    batch = gone
+                self.report.removed += [self.store._url(f.rel) for f in batch]
+        if stopped:
+            self.report.objects_deferred = (
+                "a writing command (run, rescore, import-adk-history) started while gc ran: "
+                "what was left of the objects, index entries and cached results waits for a "
+                "gc when no run may be writing")
+        elif not self.dry_run and any(self.doomed.get(k) for k in (*_WAITING, *_OBJECTS)) \
+                and self.writer_started():
+            self.report.warnings.append(
+                "a writing command started while gc removed its last objects; if `evalsnap "
+                "verify` then names a missing object, run that command again with --reuse "
+                "(it writes again what it names)")
+
+
+def _defer(count: KindCount, files: list[StoredFile]) -> None:
+    count.removed -= len(files)
+    count.bytes -= sum(f.size for f in files)
+    count.deferred += len(files)
+
+
+def _kept(count: KindCount, files: list[StoredFile]) -> None:
+    """Files that were written again since the listing (local objects): they stay."""
+    count.removed -= len(files)
+    count.bytes -= sum(f.size for f in files)
+    count.kept += len(files)
 
 
 def _unchanged(store: Store, kind: str, files: list[StoredFile], before: dict[str, bytes | None],
