@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 
 from evalsnap.records import repo
-from tests.conftest import SHOP, CliResult, run_cli
+from tests._cli import run_inproc
+from tests.conftest import SHOP, CliResult
 
 CHANGED_INFERENCE = "weather_two_cities"
 CHANGED_REFERENCE = "weather_unknown_city"
@@ -75,7 +76,7 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     config = json.loads((agent / "test_config.json").read_text("utf-8"))
     eval_set = json.loads(evalset.read_text("utf-8"))
 
-    a = Rec(url, _json(run_cli("run", str(agent), str(evalset), "--store", url, "--json"), "A"))
+    a = Rec(url, _json(run_inproc("run", str(agent), str(evalset), "--store", url, "--json"), "A"))
 
     # X: the agent answers differently for one case (same inference fingerprint)
     refresh = {"eval_set_id": "shop_refresh",
@@ -86,7 +87,7 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     if config.get("evalsnapPlugins"):
         throwaway["evalsnapPlugins"] = config["evalsnapPlugins"]
     (root / "throwaway.json").write_text(json.dumps(throwaway), "utf-8")
-    x = Rec(url, _json(run_cli("run", str(agent), str(agent / "refresh.evalset.json"),
+    x = Rec(url, _json(run_inproc("run", str(agent), str(agent / "refresh.evalset.json"),
                                "--config", str(root / "throwaway.json"), "--store", url,
                                "--json", env={HOOK: "tokyo=snowy,-3"}), "X"))
     assert x.json["agent_calls"] > 0, "expected X to run the agent"
@@ -102,14 +103,14 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             case["conversation"][-1]["final_response"]["parts"] = [
                 {"text": "Atlantis: no data, sorry."}]
     (agent / "edited.evalset.json").write_text(json.dumps(edited), "utf-8")
-    b = Rec(url, _json(run_cli("run", str(agent), str(agent / "edited.evalset.json"),
+    b = Rec(url, _json(run_inproc("run", str(agent), str(agent / "edited.evalset.json"),
                                "--config", str(root / "edited_config.json"), "--store", url,
                                "--reuse", "--json"), "B"))
     assert b.json["agent_calls"] == 0, "expected B to reuse every inference"
     changed = next(i for i in b.record.inference if i.eval_id == CHANGED_INFERENCE)
     assert changed.inference_oid == next(i.inference_oid for i in x.record.inference), \
         "expected B to use X's inference of the changed case (the latest in the index)"
-    c = Rec(url, _json(run_cli("rescore", b.json["run_id"], "--store", url,
+    c = Rec(url, _json(run_inproc("rescore", b.json["run_id"], "--store", url,
                                "--evalset", str(agent / "edited.evalset.json"),
                                "--config", str(root / "edited_config.json"),
                                "--code-path", str(agent.parent), "--reuse", "--force",
@@ -122,7 +123,7 @@ def _by_key(units: list[dict]) -> dict[tuple[str, str], dict]:
 
 
 def _cli_json(*args: str, url: str) -> dict[str, Any]:
-    r = run_cli(*args, "--store", url, "--json")
+    r = run_inproc(*args, "--store", url, "--json")
     assert r.code == 0, f"expected `{' '.join(args)}` to exit 0, got {r.code}: {r.stderr[-3000:]}"
     return r.json
 
@@ -197,7 +198,7 @@ def test_cli_explain_diff_ls(records) -> None:
     assert out["record_id"] == b.record_oid, "expected explain by run id to find B"
     assert len(out["units"]) == len(b.record.units), "expected one entry per unit"
 
-    r = run_cli("explain", b.record_oid, "--store", url, env=WIDE)  # a table for people
+    r = run_inproc("explain", b.record_oid, "--store", url, env=WIDE)  # a table for people
     assert r.code == 0 and "reference changed" in r.stdout and "reused" in r.stdout, r.stdout
 
     out = _cli_json("diff", a.record.run_id, b.record_oid[:20], url=url)
@@ -205,7 +206,7 @@ def test_cli_explain_diff_ls(records) -> None:
         "expected diff to resolve a run id and an id prefix"
     assert out["changes"]["none"] > 0, "expected unchanged units counted"
 
-    r = run_cli("diff", a.record_oid, b.record_oid, "--store", url, env=WIDE)
+    r = run_inproc("diff", a.record_oid, b.record_oid, "--store", url, env=WIDE)
     assert r.code == 0 and "reference" in r.stdout and "inference" in r.stdout, r.stdout
 
     out = _cli_json("ls", url=url)
@@ -215,13 +216,13 @@ def test_cli_explain_diff_ls(records) -> None:
     assert [r["record_id"] for r in out["records"]] == [v.record_oid for v in newest_first], \
         "expected records newest first"
     assert {s["snapshot_id"] for s in out["snapshots"]} == {v.snapshot_oid for v in newest_first}
-    r = run_cli("ls", "--store", url, env=WIDE)
+    r = run_inproc("ls", "--store", url, env=WIDE)
     assert r.code == 0, r.stderr
     assert all(v.record.run_id in r.stdout for v in newest_first), r.stdout
 
 
 def test_cli_diff_unknown_record_exits_2(records) -> None:
-    r = run_cli("diff", "latest", "not-a-run", "--store", records["url"])
+    r = run_inproc("diff", "latest", "not-a-run", "--store", records["url"])
     assert r.code == 2, f"expected exit 2 for an unknown record, got {r.code}"
     said = " ".join((r.stdout + r.stderr).split())
     assert "not-a-run" in said and "evalsnap ls" in said, said

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from evalsnap.pipeline.publish import RECOVERED
-from tests.conftest import SHOP, run_cli
+from tests._cli import run_inproc
+from tests.conftest import SHOP
 
 CASES = ["--case", "weather_paris", "--case", "cart_add_two_items"]
 METRICS = ["--metric", "response_match_score", "--metric", "tool_trajectory_avg_score"]
@@ -30,7 +31,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 def _run(agent: Path, store: Path, *extra: str):
-    return run_cli("run", str(agent), str(agent / "shop.evalset.json"), "--store", str(store),
+    return run_inproc("run", str(agent), str(agent / "shop.evalset.json"), "--store", str(store),
                    "--json", *CASES, *METRICS, *extra)
 
 
@@ -43,12 +44,12 @@ def test_a_rescore_with_a_case_it_cannot_score_is_incomplete(base, tmp_path):
     added = {**keep[0], "eval_id": "never_inferred"}
     edited = tmp_path / "edited.evalset.json"
     edited.write_text(json.dumps({**data, "eval_cases": [*keep, added]}))
-    r = run_cli("rescore", first.json["run_id"], "--evalset", str(edited), "--store", str(store),
+    r = run_inproc("rescore", first.json["run_id"], "--evalset", str(edited), "--store", str(store),
                 *METRICS, "--json")
     assert r.code == 3, r.stderr[-3000:]
     assert r.json["complete"] is False and r.json["passed"] is False
     assert r.json["unscored"] == ["never_inferred/*"]
-    shown = run_cli("show", r.json["record_id"], "--store", str(store), "--json")
+    shown = run_inproc("show", r.json["record_id"], "--store", str(store), "--json")
     assert shown.json["record"]["summary"]["unscored"] == ["never_inferred/*"]
 
 
@@ -65,7 +66,7 @@ def test_lineage_never_names_a_run_without_a_manifest(base, tmp_path):
     assert units and all(u["reused"] for u in units)  # nothing was scored again
     assert {u["why"] for u in units} == {RECOVERED}
     assert all(u["reused_from_run"] is None and u["reused_from_record"] is None for u in units)
-    explained = run_cli("explain", second.json["record_id"], "--store", str(store), "--json")
+    explained = run_inproc("explain", second.json["record_id"], "--store", str(store), "--json")
     assert explained.code == 0 and killed not in explained.stdout
     # the next run reuses them from the run that recovered them, which did publish
     third = _run(base["agent"], store, "--reuse")
@@ -73,7 +74,7 @@ def test_lineage_never_names_a_run_without_a_manifest(base, tmp_path):
     assert {u["reused_from_run"] for u in units} == {second.json["run_id"]}
     assert {u["reused_from_record"] for u in units} == {second.json["record_id"]}
     for run_id in {u["reused_from_run"] for u in units}:
-        assert run_cli("show", run_id, "--store", str(store), "--json").code == 0
+        assert run_inproc("show", run_id, "--store", str(store), "--json").code == 0
 
 
 def test_a_nul_in_the_eval_set_id_leaves_no_temporary_file(base, tmp_path):
@@ -84,7 +85,7 @@ def test_a_nul_in_the_eval_set_id_leaves_no_temporary_file(base, tmp_path):
     data = json.loads((agent / "shop.evalset.json").read_text())
     odd = agent / "odd.evalset.json"
     odd.write_text(json.dumps({**data, "eval_set_id": "shop\u0000odd"}))
-    r = run_cli("run", str(agent), str(odd), "--store", str(tmp_path / "s"), "--json",
+    r = run_inproc("run", str(agent), str(odd), "--store", str(tmp_path / "s"), "--json",
                 *CASES, *METRICS)
     assert r.code == 0, r.stderr[-3000:]
     history = agent / ".adk" / "eval_history"
@@ -104,28 +105,28 @@ def test_a_damaged_unit_snapshot_or_ledger_entry_is_repaired_by_the_next_run(bas
     work writes the same bytes, which replace the damaged copy: `verify` passes again."""
     store = tmp_path / "s"
     judged = ["--metric", "final_response_match_v2"]
-    first = run_cli("run", str(base["agent"]), str(base["agent"] / "shop.evalset.json"),
+    first = run_inproc("run", str(base["agent"]), str(base["agent"] / "shop.evalset.json"),
                     "--store", str(store), "--json", *CASES, *METRICS, *judged)
     assert first.code in (0, 1), first.stderr[-3000:]
-    shown = run_cli("show", first.json["record_id"], "--store", str(store), "--json").json
+    shown = run_inproc("show", first.json["record_id"], "--store", str(store), "--json").json
     metrics = shown["cases"][0]["metrics"]
     damaged = [("unit", metrics["response_match_score"]["unit_oid"]),
                ("judge", metrics["final_response_match_v2"]["ledger"][0]["oid"]),
                ("snapshot", shown["record"]["snapshot_oid"])]
     for kind, oid in damaged:
         _object(store, kind, oid).write_bytes(b'{"damaged": true}')
-    broken = run_cli("verify", "--store", str(store), "--json")
+    broken = run_inproc("verify", "--store", str(store), "--json")
     assert broken.code == 1
     assert {p["oid"] for p in broken.json["problems"]} >= {oid for _, oid in damaged}
     # verify's advice: --reuse keeps the sound inference, --force scores (and asks the judge)
     # again, so every unit, ledger entry and the snapshot are written again, byte for byte
     assert "--reuse --force" in broken.stdout + json.dumps(broken.json)
-    again = run_cli("run", str(base["agent"]), str(base["agent"] / "shop.evalset.json"),
+    again = run_inproc("run", str(base["agent"]), str(base["agent"] / "shop.evalset.json"),
                     "--store", str(store), "--json", "--reuse", "--force", *CASES, *METRICS,
                     *judged)
     assert again.code == first.code, again.stderr[-3000:]
-    fixed = run_cli("verify", "--store", str(store), "--json")
+    fixed = run_inproc("verify", "--store", str(store), "--json")
     assert fixed.code == 0, fixed.json["problems"]
     for kind, oid in damaged:  # the very objects the first run's record names, sound again
         assert _object(store, kind, oid).read_bytes() != b'{"damaged": true}'
-    assert run_cli("show", first.json["record_id"], "--store", str(store)).code == 0
+    assert run_inproc("show", first.json["record_id"], "--store", str(store)).code == 0

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from evalsnap.records import repo
-from tests.conftest import SHOP, run_cli
+from tests._cli import run_inproc
+from tests.conftest import SHOP
 
 PAYLOAD = "Expect rain <script>alert(1)</script><img src=x onerror=alert(2)> \"q\" & 'a' </td></table>"
 CRAFTED_CASE = "weather_paris_stale_reference"
@@ -52,12 +53,12 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     strict = agent / "strict_config.json"  # beside the agent: its plugins resolve from there
     strict.write_text(json.dumps(config), "utf-8")
     store = str(root / "store")
-    a = _ok(run_cli("run", str(agent), str(evalset), "--store", store, "--json"), "run A")
-    b = _ok(run_cli("rescore", a["run_id"], "--config", str(strict), "--store", store, "--reuse",
+    a = _ok(run_inproc("run", str(agent), str(evalset), "--store", store, "--json"), "run A")
+    b = _ok(run_inproc("rescore", a["run_id"], "--config", str(strict), "--store", store, "--reuse",
                     "--json"), "rescore B")
     shows = {}
     for name, r in (("a", a), ("b", b)):
-        shown = run_cli("show", r["run_id"], "--store", store, "--json")
+        shown = run_inproc("show", r["run_id"], "--store", store, "--json")
         assert shown.code == 0, shown.stderr[-2000:]
         shows[name] = shown.json
     return {"root": root, "store": store, "a": a, "b": b, "show": shows}
@@ -165,7 +166,7 @@ def check_numbers(page: Page, shown: dict[str, Any], summary: dict[str, Any]) ->
 
 def test_report_html_numbers_equal_the_record(made: dict[str, Any], tmp_path: Path) -> None:
     out = tmp_path / "b.html"
-    r = run_cli("report", made["b"]["run_id"], "--store", made["store"], "--html", str(out))
+    r = run_inproc("report", made["b"]["run_id"], "--store", made["store"], "--html", str(out))
     assert r.code == 0, r.stderr[-3000:]
     assert str(out) in r.stdout
     text = out.read_text("utf-8")
@@ -177,7 +178,7 @@ def test_report_html_numbers_equal_the_record(made: dict[str, Any], tmp_path: Pa
 
 def test_store_strings_are_escaped(made: dict[str, Any], tmp_path: Path) -> None:
     out = tmp_path / "a.html"
-    r = run_cli("report", made["a"]["run_id"], "--store", made["store"], "--html", str(out))
+    r = run_inproc("report", made["a"]["run_id"], "--store", made["store"], "--html", str(out))
     assert r.code == 0, r.stderr[-3000:]
     text = out.read_text("utf-8")
     page = parse_page(text)
@@ -193,7 +194,7 @@ def test_regressed_and_failing_cases_first(made: dict[str, Any], tmp_path: Path)
         or (a[k]["complete"] and not m["complete"]))}
     assert regressed, "expected the stricter thresholds to make passing units fail"
     out = tmp_path / "b.html"
-    r = run_cli("report", made["b"]["run_id"], "--store", made["store"], "--html", str(out),
+    r = run_inproc("report", made["b"]["run_id"], "--store", made["store"], "--html", str(out),
                 "--baseline", made["a"]["run_id"])
     assert r.code == 0, r.stderr[-3000:]
     page = parse_page(out.read_text("utf-8"))
@@ -208,7 +209,7 @@ def test_regressed_and_failing_cases_first(made: dict[str, Any], tmp_path: Path)
 
 def test_junit_one_testcase_per_case_and_metric(made: dict[str, Any], tmp_path: Path) -> None:
     out = tmp_path / "b.xml"
-    r = run_cli("report", made["b"]["run_id"], "--store", made["store"], "--junit", str(out))
+    r = run_inproc("report", made["b"]["run_id"], "--store", made["store"], "--junit", str(out))
     assert r.code == 0, r.stderr[-3000:]
     root = ET.parse(out).getroot()
     suite = root.find("testsuite")
@@ -236,7 +237,7 @@ def test_junit_one_testcase_per_case_and_metric(made: dict[str, Any], tmp_path: 
 
 
 def test_history_json_and_table(made: dict[str, Any]) -> None:
-    r = run_cli("history", "shop", "--store", made["store"], "--json")
+    r = run_inproc("history", "shop", "--store", made["store"], "--json")
     assert r.code == 0, r.stderr[-3000:]
     runs = r.json["runs"]
     assert [p["run_id"] for p in runs] == [made["a"]["run_id"], made["b"]["run_id"]]  # newest last
@@ -246,12 +247,12 @@ def test_history_json_and_table(made: dict[str, Any]) -> None:
             assert (got["units"], got["passed"]) == (s["units"], s["passed"]), metric
             assert got["pass_rate"] == pytest.approx(s["passed"] / s["units"])
             assert got["mean_score"] == pytest.approx(sum(s["scores"]) / len(s["scores"]))
-    last = run_cli("history", "shop", "--store", made["store"], "--json", "--last", "1")
+    last = run_inproc("history", "shop", "--store", made["store"], "--json", "--last", "1")
     assert [p["run_id"] for p in last.json["runs"]] == [made["b"]["run_id"]]
-    table = run_cli("history", "shop", "--store", made["store"], env={"COLUMNS": "200"})
+    table = run_inproc("history", "shop", "--store", made["store"], env={"COLUMNS": "200"})
     assert table.code == 0 and made["b"]["run_id"] in table.stdout
     assert "response_match_score" in table.stdout
-    missing = run_cli("history", "no-such-set", "--store", made["store"])
+    missing = run_inproc("history", "no-such-set", "--store", made["store"])
     assert missing.code == 2 and "evalsnap ls" in missing.stderr
 
 
@@ -295,12 +296,12 @@ def test_summary_artifact_links_the_report(made: dict[str, Any]) -> None:
 
 
 def test_report_usage_errors(made: dict[str, Any], tmp_path: Path) -> None:
-    nothing = run_cli("report", "latest", "--store", made["store"])
+    nothing = run_inproc("report", "latest", "--store", made["store"])
     assert nothing.code == 2 and "--html" in nothing.stderr
-    unknown = run_cli("report", "no-such-run", "--store", made["store"], "--html",
+    unknown = run_inproc("report", "no-such-run", "--store", made["store"], "--html",
                       str(tmp_path / "x.html"))
     assert unknown.code == 2 and "evalsnap ls" in unknown.stderr
-    folder = run_cli("report", "latest", "--store", made["store"], "--html", str(tmp_path))
+    folder = run_inproc("report", "latest", "--store", made["store"], "--html", str(tmp_path))
     assert folder.code == 2 and "directory" in folder.stderr
 
 
@@ -316,7 +317,7 @@ def test_history_does_not_trust_a_damaged_point(made: dict[str, Any], tmp_path: 
     lie = json.loads((points / f"{b_hex}.json").read_text("utf-8"))
     lie["record_id"] = made["a"]["record_id"]  # a valid point, of another record
     (points / f"{b_hex}.json").write_text(json.dumps(lie), "utf-8")
-    r = run_cli("history", "shop", "--store", str(store), "--json")
+    r = run_inproc("history", "shop", "--store", str(store), "--json")
     assert r.code == 0, r.stderr[-3000:]
     assert "unusable" in r.stderr
     for point, name in zip(r.json["runs"], ("a", "b"), strict=True):
@@ -340,7 +341,7 @@ def test_s3_store_publishes_and_reports(tmp_path: Path) -> None:
         s3_create_bucket(server, "reports")
         url, option = "s3://reports/nightly", f"endpoint_url={server.url}"
         env = _env()
-        r = run_cli("run", str(agent), str(agent / "shop.evalset.json"), "--store", url,
+        r = run_inproc("run", str(agent), str(agent / "shop.evalset.json"), "--store", url,
                     "--storage-option", option, "--case", "weather_paris", "--case",
                     "cart_state_mismatch", "--json", env=env)
         assert r.code == 1, r.stderr[-3000:]
@@ -349,7 +350,7 @@ def test_s3_store_publishes_and_reports(tmp_path: Path) -> None:
         key = f"reports/nightly/v1/refs/reports/{r.json['record_id'].removeprefix('sha256:')}.html"
         stored = fs.cat_file(key)
         out, junit = tmp_path / "page.html", tmp_path / "junit.xml"
-        rep = run_cli("report", r.json["run_id"], "--store", url, "--storage-option", option,
+        rep = run_inproc("report", r.json["run_id"], "--store", url, "--storage-option", option,
                       "--html", str(out), "--junit", str(junit), env=env)
         assert rep.code == 0, rep.stderr[-3000:]
         assert out.read_bytes() == stored, "expected the stored page and the command's to agree"

@@ -24,7 +24,7 @@ from evalsnap.records import (
 )
 from evalsnap.reports.verify import verify_store
 from storage import Store
-from tests.conftest import run_cli
+from tests._cli import run_inproc
 
 FP = "sha256:" + "ab" * 32
 
@@ -143,15 +143,15 @@ def test_record_link_outside_the_manifest_is_followed(tmp_path: Path) -> None:
 def test_verify_cli_exit_codes_and_json(tmp_path: Path) -> None:
     store = _store(tmp_path, local=True)
     oids = _build(store)
-    clean = run_cli("verify", "--store", store.url, "--json")
+    clean = run_inproc("verify", "--store", store.url, "--json")
     assert clean.code == 0, clean.stderr
     assert clean.json["ok"] and clean.json["runs"] == 1
     hexd = oids["record"].removeprefix("sha256:")
     (tmp_path / "store" / "v1" / "objects" / "record" / hexd[:2] / hexd[2:]).write_bytes(b"{}")
-    bad = run_cli("verify", "--store", store.url)
+    bad = run_inproc("verify", "--store", store.url)
     assert bad.code == 1
     assert hexd[2:] in bad.stderr and "problem(s) found" in bad.stdout
-    missing = run_cli("verify", "--store", "nope://x")
+    missing = run_inproc("verify", "--store", "nope://x")
     assert missing.code == 2 and "unknown protocol" in missing.stderr
 
 
@@ -164,10 +164,10 @@ def test_a_damaged_cached_task_result_is_a_finding_and_deleting_it_clears_it(
     store = _store(tmp_path, local=True)
     _build(store)
     store.put_task_result("score-" + "0" * 64, content)
-    bad = run_cli("verify", "--store", store.url, "--json")
+    bad = run_inproc("verify", "--store", store.url, "--json")
     assert bad.code == 1, bad.stderr
     (problem,) = bad.json["problems"]
     assert problem["kind"] == "task_result" and "delete the file" in problem["message"]
     assert bad.json["task_results"] == 1
     Path(problem["location"]).unlink()
-    assert run_cli("verify", "--store", store.url).code == 0
+    assert run_inproc("verify", "--store", store.url).code == 0
