@@ -170,9 +170,6 @@ def test_gc_and_a_run_that_starts_meanwhile(backend: str, shop_copy: Path, tmp_p
             gc.wait(10)
     assert gc_code == 0, gc_err[-3000:]
     assert c_code in (0, 1), c_err[-3000:]
-    assert [r["run_id"] for r in report["runs_removed"]] == [run_a["run_id"]]
-    assert report["objects_deferred"] and "started while gc ran" in report["objects_deferred"], \
-        report
 
     def whole() -> None:
         verify = run_cli("verify", "--store", store.url, "--json", env=env)
@@ -184,6 +181,9 @@ def test_gc_and_a_run_that_starts_meanwhile(backend: str, shop_copy: Path, tmp_p
         assert "raw_response" in json.dumps(shown.json), "judge ledger entries not resolved"
 
     whole()
+    assert [r["run_id"] for r in report["runs_removed"]] == [run_a["run_id"]]
+    assert report["objects_deferred"] and "started while gc ran" in report["objects_deferred"], \
+        report
     # later, when no run writes: what gc deferred goes, and the store stays whole
     later = run_cli("gc", "--store", store.url, "--keep-last", "1", "--grace", "0", "--json",
                     env=env)
