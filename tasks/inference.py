@@ -15,7 +15,7 @@ from prefect.context import TaskRunContext
 from prefect.futures import PrefectFuture
 from prefect.runtime import task_run
 
-from evalsnap.pipeline import infer, reuse
+from evalsnap.pipeline import infer, leftovers, reuse
 from evalsnap.pipeline.infer import InferBatch
 from evalsnap.pipeline.outcomes import InferenceOutcome
 from tasks.support import cached, retry_options, wait_tracked
@@ -33,17 +33,19 @@ class InferenceFailed(Exception):
 def infer_task(request: InferBatch) -> list[dict[str, Any]]:
     """Runs (or reuses) each case of the batch; returns their outcomes, in order.
 
-    A failed inference fails the task while Prefect retries remain, and a retry runs only
-    the cases that have not succeeded; on the last attempt the failures are returned as
-    failed outcomes (recorded, never cached, never reused), so one bad case never loses
-    its batch. Sync on purpose: Prefect gives each *async* task a fresh event loop, API
+    A failed inference that a retry can fix (a timeout, a rate limit, a lost connection:
+    :mod:`evalsnap.adk.failures`) fails the task while Prefect retries remain, and a retry
+    runs only the cases that have not succeeded and could; a failure no retry fixes is
+    returned at once. On the last attempt the failures are returned as failed outcomes
+    (recorded, never cached, never reused), so one bad case never loses its batch.
+    Sync on purpose: Prefect gives each *async* task a fresh event loop, API
     client and events worker; a sync task reuses its worker thread's.
     """
     attempt = int(task_run.get_run_count() or 1)
     ctx = TaskRunContext.get()
     last_attempt = ctx is None or attempt > (ctx.task.retries or 0)
     outcomes = infer.infer_batch(request, attempt)
-    failed = [o for o in outcomes if o.status != "success"]
+    failed = infer.worth_retrying(request, outcomes)
     if failed and not last_attempt:
         raise InferenceFailed(f"{len(failed)} of {len(outcomes)} inferences failed, first "
                               f"{failed[0].eval_id}: {failed[0].error}; retrying those")
@@ -56,8 +58,9 @@ def run_inference(batches: list[InferBatch], progress: Any = None) -> list[Infer
     if not batches:
         return []
     run = cached(infer_task, batches[0])
-    futures: list[PrefectFuture[Any]] = [run.submit(b) for b in batches]
-    wait_tracked(futures, progress, weights=[len(b.items) for b in batches])
+    with leftovers.reaped_after():  # processes the tools started end with the inference
+        futures: list[PrefectFuture[Any]] = [run.submit(b) for b in batches]
+        wait_tracked(futures, progress, weights=[len(b.items) for b in batches])
     outcomes: list[InferenceOutcome] = []
     for batch, future in zip(batches, futures, strict=True):
         if future.state.is_completed():

@@ -58,9 +58,27 @@ def tag_flow_run(*names: str) -> None:
 
 
 def retry_options() -> dict[str, Any]:
-    """Prefect task retries: ``EVALSNAP_RETRIES`` retries, ``EVALSNAP_RETRY_DELAYS`` apart."""
+    """Prefect task retries: ``EVALSNAP_RETRIES`` retries, ``EVALSNAP_RETRY_DELAYS`` apart,
+    only for what a retry can fix (:func:`worth_a_retry`)."""
     s = settings.get()
-    return {"retries": s.task_retries, "retry_delay_seconds": list(s.retry_delays)}
+    return {"retries": s.task_retries, "retry_delay_seconds": list(s.retry_delays),
+            "retry_condition_fn": worth_a_retry}
+
+
+def worth_a_retry(task: Any, task_run: Any, state: Any) -> bool:
+    """Whether a failed task run is tried again: its batch had failures a retry can fix
+    (``InferenceFailed``), or the task itself failed in a way that can pass (a timeout, a
+    lost connection, 408/429/5xx: :func:`evalsnap.adk.failures.is_transient`). A failure
+    that would repeat (the agent package fails to import, say) is not retried."""
+    from evalsnap.adk.failures import is_transient
+
+    try:
+        exc = state.result(raise_on_failure=False)
+    except Exception:  # noqa: BLE001 - the error cannot be read back: retry, as before
+        return True
+    if not isinstance(exc, BaseException):
+        return True
+    return type(exc).__name__ == "InferenceFailed" or is_transient(exc)
 
 
 def cached(task: T, request: Any) -> T:

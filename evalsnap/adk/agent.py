@@ -3,30 +3,31 @@
 The package is trusted live code, as in ADK. Its folder's ``.env`` is loaded into the
 environment first, by ADK's own ``load_dotenv_for_agent`` (the nearest ``.env`` from the agent
 folder up; variables set before the first load win; ``ADK_DISABLE_LOAD_DOTENV=1`` skips it).
-evalsnap never reads ``.env`` itself, never hashes it and writes none of its values into a
-record, a log or an artifact: what the agent does with them is the agent's.
+The identity (:mod:`evalsnap.adk.identity`) holds each non-secret ``.env`` key with a hash of
+its value; a secret-named key is left out entirely, and no ``.env`` value is ever written
+into a record, a log or an artifact.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import importlib
 import inspect
 import os
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from google.adk.agents.base_agent import BaseAgent
 from google.adk.apps.app import App
 from google.adk.cli.utils.envs import load_dotenv_for_agent
-from google.adk.version import __version__ as ADK_VERSION
 
 from evalsnap import startup
+from evalsnap.adk import identity
+from evalsnap.adk._describe import describe
 from evalsnap.errors import AgentLoadError, InputFileError
 from evalsnap.fingerprint import fingerprint
 
@@ -36,7 +37,7 @@ from evalsnap.fingerprint import fingerprint
 _EVAL_FILE_SUFFIXES = (".evalset.json", ".test.json", ".evalset_result.json")
 _SKIP_NAMES = {"test_config.json", "initial.session.json"}
 _SKIP_DIRS = {"__pycache__", ".adk", ".evalsnap", ".git", ".venv", "node_modules"}
-#: Files that hold credentials: never part of the identity (see :func:`_files_digest`).
+#: Files that hold credentials: never part of the identity (see :func:`files_manifest`).
 _SECRET_FILES = frozenset({".env", ".envrc", ".netrc", ".pypirc", ".npmrc", ".pgpass",
                            ".git-credentials"})
 
@@ -49,14 +50,36 @@ class LoadedAgent:
     name: str
     root_agent: BaseAgent
     app: App | None
-    identity: str
-    """Fingerprint of the package files (secrets excluded) + the resolved agent tree +
-    google-adk version (+ the selected sub-agent's name); for a LangGraph agent, the files +
-    the graph's structure (:mod:`evalsnap.langgraph.identity`)."""
+    base_manifest: dict[str, Any]
+    """What the agent is, before the config's declarations (:mod:`evalsnap.adk.identity`):
+    package files, the resolved agent tree and App, the ``.env`` values, versions (+ the
+    selected sub-agent's name); for a LangGraph agent the graph's structure instead of the
+    tree (:mod:`evalsnap.langgraph.identity`)."""
     framework: str = "adk"
     """``adk``, or ``langgraph`` (then ``root_agent`` is a named placeholder and ``graph`` runs)."""
     graph: Any = None
     """The compiled LangGraph graph of a ``langgraph`` agent."""
+    _identities: dict[Any, tuple[dict[str, Any], str]] = field(
+        default_factory=dict, repr=False, compare=False)
+
+    def _resolved(self) -> tuple[dict[str, Any], str]:
+        declared = identity.declared_inputs()
+        if declared not in self._identities:
+            manifest = dict(self.base_manifest)
+            if declared:
+                manifest["declared"] = identity.resolve_declared(list(declared))
+            self._identities[declared] = manifest, fingerprint("agent", manifest)
+        return self._identities[declared]
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """The identity manifest (no secret values): stored with every inference."""
+        return self._resolved()[0]
+
+    @property
+    def identity(self) -> str:
+        """The fingerprint of :attr:`manifest`: the agent part of the inference key."""
+        return self._resolved()[1]
 
 
 def ensure_importable(agent_dir: str | Path) -> Path:
@@ -78,20 +101,18 @@ def _skipped_file(name: str) -> bool:
             or _is_secret_file(name))
 
 
-def _files_digest(path: Path) -> str:
-    """Hash of every file of the package that is code or data of the agent.
+def files_manifest(path: Path) -> dict[str, str]:
+    """Every file of the package that is code or data of the agent, by relative path, with a
+    hash of its bytes.
 
     Left out: eval files (eval sets, ``.test.json``, ``test_config.json``,
     ``initial.session.json``: editing a reference answer is not a new agent), caches, and
     secret files: ``.env`` (and ``.env.*``, ``.envrc``, ``.netrc``, ``.pypirc``, ``.npmrc``,
-    ``.pgpass``, ``.git-credentials``) are never read here, so rotating an API key does not
-    make the agent look new and does not rerun inference. A ``.env`` value still counts where
-    it shapes the agent: a model name or instruction read at import is in the resolved agent
-    tree (:func:`agent_tree`), which is part of the identity. A value used only at call time
-    (a key, an endpoint) is not: after switching an endpoint, run without ``--reuse``.
-    A package without any of these files hashes as it always did.
+    ``.pgpass``, ``.git-credentials``) are never read here. The non-secret values of the
+    ``.env`` ADK loads are in the identity by key (:func:`evalsnap.adk.identity.dotenv_values_of`),
+    so rotating an API key reruns nothing while a scenario switch does.
     """
-    h = hashlib.sha256()
+    out: dict[str, str] = {}
     for root, dirs, files in os.walk(path):
         dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
         for name in sorted(files):
@@ -105,37 +126,27 @@ def _files_digest(path: Path) -> str:
                     f"cannot read {file} in agent dir {path} ({exc}); every file of the agent "
                     "package is part of its identity: make it readable or move it out."
                 ) from exc
-            h.update(str(file.relative_to(path)).encode() + b"\0")
-            h.update(hashlib.sha256(data).digest())
-    return "sha256:" + h.hexdigest()
-
-
-def _tool_summary(tool: Any) -> dict[str, Any]:
-    name = getattr(tool, "name", None) or getattr(tool, "__name__", type(tool).__name__)
-    decl = None
-    get_decl = getattr(tool, "_get_declaration", None)
-    if callable(get_decl):
-        try:
-            d = get_decl()
-            decl = d.model_dump(mode="json", exclude_none=True) if d is not None else None
-        except Exception:  # a tool that cannot declare itself still has a name
-            decl = None
-    return {"name": name, "description": getattr(tool, "description", None), "declaration": decl}
+            out[file.relative_to(path).as_posix()] = identity.file_hash(data)
+    return out
 
 
 def agent_tree(agent: BaseAgent) -> dict[str, Any]:
-    """Names, models, instructions and tool declarations, recursively."""
-    model = getattr(agent, "model", None)
-    instruction = getattr(agent, "instruction", None)
-    return {
-        "name": agent.name,
-        "class": f"{type(agent).__module__}.{type(agent).__qualname__}",
-        "model": model if isinstance(model, str) else getattr(model, "model", type(model).__name__)
-        if model is not None else None,
-        "instruction": instruction if isinstance(instruction, str) else repr(instruction),
-        "tools": [_tool_summary(t) for t in getattr(agent, "tools", []) or []],
-        "sub_agents": [agent_tree(a) for a in agent.sub_agents],
-    }
+    """The resolved agent tree (:mod:`evalsnap.adk._describe`)."""
+    tree: dict[str, Any] = describe(agent)
+    return tree
+
+
+def app_summary(app: App | None) -> dict[str, Any] | None:
+    """The App around the agent: its name, plugins and configs (its root is the tree)."""
+    if app is None:
+        return None
+    out: dict[str, Any] = {"name": app.name, "plugins": [describe(p) for p in app.plugins]}
+    for name in sorted(type(app).model_fields):
+        if name not in ("name", "root_agent", "plugins"):
+            value = describe(getattr(app, name, None))
+            if value is not None:
+                out[name] = value
+    return out
 
 
 def load_agent(agent_dir: str | Path, agent_name: str | None = None,
@@ -170,11 +181,13 @@ def load_agent(agent_dir: str | Path, agent_name: str | None = None,
     if framework is None and langgraph_loader.exposes_graph(holder, sys.modules.get(path.name)):
         return langgraph_loader.load_agent(agent_dir, agent_name)
     app, root = _app_and_root(holder, path)
+    app_of_root = app
     selected = root if agent_name is None else _find_sub_agent(root, agent_name, path)
     if app is not None and selected is not root:
         app = app.model_copy(update={"root_agent": selected})
     return LoadedAgent(path=path, name=path.name, root_agent=selected, app=app,
-                       identity=_identity(path, root, None if selected is root else agent_name))
+                       base_manifest=base_manifest(path, root, app_of_root,
+                                                   None if selected is root else agent_name))
 
 
 def _package_dir(agent_dir: str | Path) -> Path:
@@ -270,12 +283,14 @@ def _find_sub_agent(root: BaseAgent, agent_name: str, path: Path) -> BaseAgent:
     return found
 
 
-def _identity(path: Path, root: BaseAgent, agent_name: str | None) -> str:
-    """The whole tree (a sub-agent can transfer to its parent and peers) and, when a sub-agent
-    is selected, its name; for the root itself, the key is what it always was."""
-    key: dict[str, Any] = {
-        "files": _files_digest(path), "tree": agent_tree(root), "adk_version": ADK_VERSION,
+def base_manifest(path: Path, root: BaseAgent, app: App | None,
+                  agent_name: str | None) -> dict[str, Any]:
+    """The whole tree (a sub-agent can transfer to its parent and peers) and, when a
+    sub-agent is selected, its name."""
+    manifest: dict[str, Any] = {
+        "framework": "adk", "files": files_manifest(path), "env": identity.dotenv_values_of(path),
+        "tree": agent_tree(root), "app": app_summary(app), "versions": identity.versions(),
     }
     if agent_name is not None:
-        key["agent_name"] = agent_name
-    return fingerprint("agent", key)
+        manifest["agent_name"] = agent_name
+    return manifest

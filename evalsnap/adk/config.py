@@ -5,7 +5,9 @@ extensions that ADK ignores: ``customMetrics.<name>.version`` (a trusted
 implementation version; without it a custom metric is never reused) and the
 top-level ``evalsnapPlugins`` / ``metricVersions`` keys, and ``evalsnapPrices`` (model
 prices for the estimated cost of a run; not a scoring rule, so no fingerprint reads it), and
-``evalsnapTimeouts`` (a unit's deadline by metric; also not a rule).
+``evalsnapTimeouts`` (a unit's deadline by metric; also not a rule), and
+``evalsnapIdentity`` (what the agent reads from outside its package: part of the agent's
+identity, :mod:`evalsnap.adk.identity`, not of any rule).
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ from google.adk.evaluation.metric_evaluator_registry import (
     register_custom_metrics_from_config,
 )
 from google.adk.version import __version__ as ADK_VERSION
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 import evalsnap.adk.context  # noqa: F401  (installs the EvaluationContext shim first)
-from evalsnap.adk import plugins
+from evalsnap.adk import identity, plugins
+from evalsnap.adk.prices import read_prices
 from evalsnap.deadlines import read_metric_timeouts
 from evalsnap.errors import ConfigError, InputFileError, MetricImportError
 from evalsnap.fingerprint import fingerprint
@@ -41,7 +44,8 @@ from evalsnap.jsonsafe import strict_json
 from evalsnap.records import EvaluatorIdentity, MetricRule
 from evalsnap.records.record import ModelPrice
 
-_EXTENSION_KEYS = ("evalsnapPlugins", "metricVersions", "evalsnapPrices", "evalsnapTimeouts")
+_EXTENSION_KEYS = ("evalsnapPlugins", "metricVersions", "evalsnapPrices", "evalsnapTimeouts",
+                   identity.CONFIG_KEY)
 
 
 @dataclass
@@ -60,6 +64,8 @@ class LoadedConfig:
     """``evalsnapPrices``: price per million tokens by model name; None without a table."""
     timeouts: dict[str, float] = field(default_factory=dict)
     """``evalsnapTimeouts``: a unit's deadline by metric name (:mod:`evalsnap.deadlines`)."""
+    identity_inputs: identity.DeclaredInputs | None = None
+    """``evalsnapIdentity``: environment variables and files the agent's identity adds."""
 
     def eval_metric(self, rule: MetricRule) -> EvalMetric:
         """The EvalMetric to score with: the live criterion, so a judge keeps its transport."""
@@ -149,49 +155,6 @@ def _version(value: Any, key: str, where: str) -> str:
     return str(value)
 
 
-class _PriceEntry(BaseModel):
-    """One ``evalsnapPrices`` entry as written in test_config.json."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    input_per_million: float = Field(alias="inputPerMillion", ge=0, allow_inf_nan=False)
-    output_per_million: float = Field(alias="outputPerMillion", ge=0, allow_inf_nan=False)
-
-
-_PRICES_FORMAT = ('"evalsnapPrices": {"<model name>": {"inputPerMillion": 0.3, '
-                  '"outputPerMillion": 2.5}}: price per million input and output tokens, '
-                  'numbers >= 0, one entry per model name as the model reports it')
-
-
-def read_prices(raw: dict[str, Any], where: str) -> dict[str, ModelPrice] | None:
-    """The optional ``evalsnapPrices`` table; a malformed one is a ConfigError."""
-    table = raw.get("evalsnapPrices")
-    if table is None:
-        return None
-    if not isinstance(table, dict):
-        raise ConfigError(f"{where}: `evalsnapPrices` must be an object, as in {_PRICES_FORMAT}.")
-    prices = {}
-    for model, entry in table.items():
-        if not model.strip():
-            raise ConfigError(f"{where}: `evalsnapPrices` has an empty model name; name each "
-                              f"model as in {_PRICES_FORMAT}.")
-        if not isinstance(entry, dict):
-            raise ConfigError(f"{where}: `evalsnapPrices.{model}` must be an object with "
-                              f"inputPerMillion and outputPerMillion, as in {_PRICES_FORMAT}.")
-        try:
-            parsed = _PriceEntry.model_validate(entry)
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"`{'.'.join(str(p) for p in ('evalsnapPrices', model, *err['loc']))}`: "
-                f"{err['msg']}" for err in exc.errors())
-            raise ConfigError(f"{where}: the price table is malformed ({problems}). Write "
-                              f"{_PRICES_FORMAT}; or remove the key (it only prices the "
-                              "run's tokens).") from exc
-        prices[model] = ModelPrice(input_per_million=parsed.input_per_million,
-                                   output_per_million=parsed.output_per_million)
-    return prices
-
-
 def _validation_message(exc: ValidationError, where: str) -> str:
     err = exc.errors()[0]
     loc = [str(p) for p in err.get("loc", ())]
@@ -251,6 +214,7 @@ def resolve_config(raw: dict[str, Any], *, where: str = "<config>") -> LoadedCon
         raise MetricImportError(f"{where}: {exc}") from exc.__cause__
     adk_raw, versions = _split_extensions(raw, where)
     prices = read_prices(raw, where)
+    declared = identity.read_declared(raw, where)
     try:
         eval_config = EvalConfig.model_validate(adk_raw)
     except ValidationError as exc:
@@ -270,11 +234,29 @@ def resolve_config(raw: dict[str, Any], *, where: str = "<config>") -> LoadedCon
     ]
     rules = [rule for rule, _ in resolved]
     timeouts = read_metric_timeouts(raw, where, list(eval_config.criteria))
+    if declared is not None:
+        identity.declare(declared)
     return LoadedConfig(raw=raw, eval_config=eval_config, rules=rules, registry=registry,
-                        prices=prices, timeouts=timeouts,
+                        prices=prices, timeouts=timeouts, identity_inputs=declared,
                         live_criteria={rule.metric_name: full for rule, full in resolved},
                         custom_paths={k: v for k, v in custom_paths.items()
                                       if k in eval_config.criteria}, where=where)
+
+
+def _check_range(name: str, threshold: float, info: Any, where: str) -> None:
+    """A threshold outside the metric's range (ADK's metric info) would always pass or never."""
+    interval = getattr(getattr(info, "metric_value_info", None), "interval", None)
+    if interval is None or not math.isfinite(threshold):
+        return
+    low = -math.inf if interval.min_value is None else float(interval.min_value)
+    high = math.inf if interval.max_value is None else float(interval.max_value)
+    if not low <= threshold <= high:
+        raise ConfigError(
+            f"{where}: the threshold of {name!r} is {threshold:g}, outside the metric's range "
+            f"{'(' if interval.open_at_min else '['}{low:g}, {high:g}"
+            f"{')' if interval.open_at_max else ']'} (ADK's metric info): it would "
+            f"{'always pass' if threshold < low else 'never pass'}. Use a threshold within "
+            "the range (for a custom metric, `metricInfo` sets it).")
 
 
 def _finite(value: Any) -> bool:
@@ -379,6 +361,7 @@ def _resolve_rule(name: str, criterion: Any, registry: MetricEvaluatorRegistry,
         # pydantic reads "Infinity"/"nan" strings as floats; a rule must be storable JSON
         raise ConfigError(f"{where}: criterion of {name!r} holds a NaN or infinite number; "
                           "use a finite threshold such as 0.8.")
+    _check_range(name, float(resolved.threshold), infos[name], where)
     fields = evaluator_type.criterion_type.model_fields
     field_names: set[str] = set(fields) | {f.alias for f in fields.values() if f.alias}
     for key, value in (base.model_extra or {}).items():

@@ -17,10 +17,13 @@ from google.adk.sessions.in_memory_session_service import InMemorySessionService
 from google.adk.version import __version__ as ADK_VERSION
 
 from evalsnap import settings
+from evalsnap.adk._user_code import off_loop_sync_tools
 from evalsnap.adk.agent import LoadedAgent
+from evalsnap.adk.failures import is_transient, traceback_of
 from evalsnap.deadlines import DeadlineExceeded, exceeded, within_inference_deadline
 from evalsnap.fingerprint import inference_fingerprint
 from evalsnap.records import InferenceRecord
+from evalsnap.records.inference import ModelUsage
 
 #: ADK writes bookkeeping such as ``__llm_request_key__`` into state.
 _INTERNAL_KEY = re.compile(r"^__.*__$")
@@ -38,8 +41,12 @@ def clean_state(state: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 class _CountingPlugin(BasePlugin):
-    """Counts requests at the model boundary, whatever model the agent uses, and keeps each
-    model call's deadline (``EVALSNAP_AGENT_CALL_TIMEOUT``).
+    """Counts requests at the model boundary, whatever model the agent uses, keeps the usage
+    each response reports, and keeps each model call's deadline
+    (``EVALSNAP_AGENT_CALL_TIMEOUT``).
+
+    ADK hands an App's plugins to the runs of its AgentTools (``include_plugins``), so
+    their inner model calls are counted here too, tokens with calls.
 
     A call is open from ``before_model_callback`` until its first response, its error, or
     an event of its agent (an agent callback that answered instead of the model). A call
@@ -50,6 +57,7 @@ class _CountingPlugin(BasePlugin):
     def __init__(self, call_timeout: float | None = None) -> None:
         super().__init__(name="evalsnap_model_call_counter")
         self.calls = 0
+        self.usage: list[ModelUsage] = []
         self.call_timeout = call_timeout or settings.get().agent_call_timeout
         self.expired: DeadlineExceeded | None = None
         self.task: asyncio.Task[Any] | None = None
@@ -67,6 +75,10 @@ class _CountingPlugin(BasePlugin):
 
     async def after_model_callback(self, *, callback_context: Any, llm_response: Any) -> None:
         self._close(id(callback_context.actions))
+        usage = getattr(llm_response, "usage_metadata", None)
+        if usage is not None and not getattr(llm_response, "partial", False):
+            self.usage.append(ModelUsage(model=getattr(llm_response, "model_version", None),
+                                         usage=usage.model_dump(mode="json", exclude_none=True)))
         return None
 
     async def on_model_error_callback(self, *, callback_context: Any, llm_request: Any,
@@ -133,6 +145,29 @@ class CapturingSessionService(InMemorySessionService):
         return self._capture(session) if self.key is None else session
 
 
+class RefusedCase(ValueError):
+    """A case ADK refuses to run (its message, and what to change in the eval set)."""
+
+    retryable = False
+
+
+def _refusal(agent: LoadedAgent, case: EvalCase) -> RefusedCase | None:
+    """ADK's own refusal of a case's set-up, if it refuses it: an empty
+    ``session_input.app_name`` (ADK 2.13's ``Runner``: "app_name is required…")."""
+    if case.session_input is None or case.session_input.app_name:
+        return None
+    from google.adk.runners import Runner
+
+    try:
+        Runner(app_name=case.session_input.app_name, agent=agent.root_agent,
+               session_service=InMemorySessionService())
+    except ValueError as exc:
+        return RefusedCase(f"{exc} (ADK; eval case {case.eval_id!r} has an empty "
+                           f"session_input.appName: set it to {agent.name!r}, the agent "
+                           "package's name, as `adk eval` runs it)")
+    return None
+
+
 async def run_inference(
     agent: LoadedAgent,
     case: EvalCase,
@@ -143,39 +178,46 @@ async def run_inference(
     attempt: int = 1,
     user_simulator_config: Any = None,
     session_service: CapturingSessionService | None = None,
+    fingerprint: str | None = None,
 ) -> InferenceRecord:
-    """Runs the agent over one case; an exception becomes a ``failure`` record."""
+    """Runs the agent over one case; an exception becomes a ``failure`` record (with its
+    traceback, and whether a retry could fix it: :mod:`evalsnap.adk.failures`).
+
+    ``fingerprint``: the inference key the plan computed (default: from ``agent.identity``).
+    """
     if agent.framework == "langgraph":  # the LangGraph lane: same record, same contract
         from evalsnap.langgraph.inference import run_graph_inference
 
         return await run_graph_inference(agent, case, eval_set_id=eval_set_id, repetition=repetition,
-                                         run_id=run_id, attempt=attempt)
+                                         run_id=run_id, attempt=attempt, fingerprint=fingerprint)
     counter = _CountingPlugin()
     sessions = session_service or CapturingSessionService()
     sessions.begin()
     base_app = agent.app or App(name=agent.name, root_agent=agent.root_agent)
     app = base_app.model_copy(update={"plugins": [*base_app.plugins, counter]})
     fields: dict[str, Any] = dict(
-        inference_fingerprint=inference_fingerprint(agent.identity, case, repetition),
+        inference_fingerprint=fingerprint or inference_fingerprint(agent.identity, case, repetition),
         eval_set_id=eval_set_id, eval_id=case.eval_id, repetition=repetition,
         app_name=case.session_input.app_name if case.session_input else agent.name,
         agent_name=agent.root_agent.name, adk_version=ADK_VERSION, attempts=attempt,
-        run_id=run_id, created_at=now_iso(),
+        run_id=run_id, created_at=now_iso(), agent_manifest=agent.manifest,
     )
     try:
-        invocations = await within_inference_deadline(
-            EvaluationGenerator._generate_inferences_from_root_agent(  # noqa: SLF001
-                root_agent=agent.root_agent,
-                user_simulator=UserSimulatorProvider(user_simulator_config).provide(case),
-                initial_session=case.session_input,
-                session_id=None,
-                session_service=sessions,
-                app=app,
-            ), counter, f"the inference of case {case.eval_id!r}")
+        refused = _refusal(agent, case)
+        if refused is not None:
+            raise refused
+        with off_loop_sync_tools():  # a blocking tool cannot hold the loop past the deadline
+            invocations = await within_inference_deadline(
+                EvaluationGenerator._generate_inferences_from_root_agent(  # noqa: SLF001
+                    root_agent=agent.root_agent,
+                    user_simulator=UserSimulatorProvider(user_simulator_config).provide(case),
+                    initial_session=case.session_input,
+                    session_id=None,
+                    session_service=sessions,
+                    app=app,
+                ), counter, f"the inference of case {case.eval_id!r}")
     except Exception as exc:  # ADK's own service absorbs these too; we record them
-        return InferenceRecord(status="failure", error=f"{type(exc).__name__}: {exc}",
-                               model_calls=counter.calls,
-                               initial_session_state=sessions.initial_state, **fields)
+        return failure_record(exc, counter.calls, counter.usage, sessions.initial_state, fields)
     final = None
     if sessions.key is not None:
         app_name, user_id, session_id = sessions.key
@@ -184,5 +226,16 @@ async def run_inference(
         final = clean_state(session.state) if session is not None else None
     return InferenceRecord(
         status="success", invocations=invocations, model_calls=counter.calls,
-        initial_session_state=sessions.initial_state, final_session_state=final, **fields,
+        model_usage=counter.usage, initial_session_state=sessions.initial_state,
+        final_session_state=final, **fields,
     )
+
+
+def failure_record(exc: BaseException, calls: int, usage: list[ModelUsage] | None,
+                   initial_state: dict[str, Any] | None, fields: dict[str, Any]) -> InferenceRecord:
+    """A failed inference: the error, its traceback, whether a retry could fix it, and what
+    the calls before it spent."""
+    return InferenceRecord(status="failure", error=f"{type(exc).__name__}: {exc}",
+                           traceback=traceback_of(exc), retryable=is_transient(exc),
+                           model_calls=calls, model_usage=usage,
+                           initial_session_state=initial_state, **fields)

@@ -1,8 +1,10 @@
 """The identity of a LangGraph agent: its package files and its graph's structure.
 
-Structure = nodes (with the callable each runs), edges, tools (name, description, argument
-schema), the chat models the nodes reference (class, identifying parameters, bound tools),
-state channels, subgraphs recursively, and the LangGraph / LangChain versions. Editing a
+Structure = nodes (with the callable each runs: qualified name and code hash), edges, tools
+(name, description, argument schema, function code), the chat models the nodes reference
+(class, identifying parameters, bound tools), state channels, subgraphs recursively, and the
+LangGraph / LangChain versions. As for ADK agents (:mod:`evalsnap.adk.identity`), the
+manifest also holds the non-secret ``.env`` values and what the config declares. Editing a
 tool or a node changes it (the files, the schema or both); editing an eval set does not.
 """
 
@@ -13,9 +15,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from google.adk.version import __version__ as ADK_VERSION
-
-from evalsnap.adk.agent import _files_digest
+from evalsnap.adk import identity
+from evalsnap.adk._describe import describe_callable
+from evalsnap.adk.agent import files_manifest
 from evalsnap.fingerprint import fingerprint
 
 
@@ -52,7 +54,7 @@ def tool_summary(tool: Any) -> dict[str, Any]:
     func = getattr(tool, "func", None) or getattr(tool, "coroutine", None)
     return {"name": getattr(tool, "name", None), "description": getattr(tool, "description", None),
             "args_schema": _jsonable(args), "class": _qualname(type(tool)),
-            "func": _qualname(func) if func is not None else None}
+            "func": describe_callable(func) if func is not None else None}
 
 
 def _model_summary(model: Any) -> dict[str, Any] | None:
@@ -107,8 +109,8 @@ def graph_structure(graph: Any) -> dict[str, Any]:
         spec = graph.nodes.get(node_id)
         runnable = getattr(spec, "bound", None)
         func = _node_callable(runnable)
-        nodes.append({"id": node_id, "runs": _qualname(func if func is not None else runnable)
-                      if runnable is not None else None})
+        nodes.append({"id": node_id, "runs": describe_callable(func) if func is not None
+                      else _qualname(runnable) if runnable is not None else None})
         if isinstance(runnable, ToolNode):
             tools += [{"node": node_id, **tool_summary(t)} for t in runnable.tools_by_name.values()]
         models += [{"node": node_id, **m} for m in _referenced_models(func)]
@@ -122,12 +124,18 @@ def graph_structure(graph: Any) -> dict[str, Any]:
     }
 
 
-def graph_identity(path: Path, graph: Any, graph_name: str | None) -> str:
-    """Fingerprint of the package files (secrets and eval files excluded, as for ADK agents)
-    + the graph's structure + the selected langgraph.json graph + library versions."""
+def graph_manifest(path: Path, graph: Any, graph_name: str | None) -> dict[str, Any]:
+    """The package files (secrets and eval files excluded, as for ADK agents), the ``.env``
+    values, the graph's structure, the selected langgraph.json graph, library versions."""
     structure = json.loads(json.dumps(graph_structure(graph), sort_keys=True))
-    return fingerprint("agent", {
-        "framework": "langgraph", "files": _files_digest(path), "graph": structure,
-        "graph_name": graph_name, "adk_version": ADK_VERSION,
-        "versions": {d: _version(d) for d in ("langgraph", "langchain-core")},
-    })
+    return {
+        "framework": "langgraph", "files": files_manifest(path),
+        "env": identity.dotenv_values_of(path), "graph": structure, "graph_name": graph_name,
+        "versions": {**identity.versions(),
+                     **{d: _version(d) for d in ("langgraph", "langchain-core")}},
+    }
+
+
+def graph_identity(path: Path, graph: Any, graph_name: str | None) -> str:
+    """Fingerprint of :func:`graph_manifest` (the agent's identity without declared inputs)."""
+    return fingerprint("agent", graph_manifest(path, graph, graph_name))

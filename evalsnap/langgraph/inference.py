@@ -27,7 +27,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMe
 
 from evalsnap import settings
 from evalsnap.adk.agent import LoadedAgent
-from evalsnap.adk.inference import clean_state, now_iso
+from evalsnap.adk.inference import clean_state, failure_record, now_iso
 from evalsnap.deadlines import DeadlineExceeded, exceeded, within_inference_deadline
 from evalsnap.fingerprint import inference_fingerprint
 from evalsnap.records import InferenceRecord
@@ -317,15 +317,17 @@ class _CallWatch:
 
 
 async def run_graph_inference(agent: LoadedAgent, case: EvalCase, *, eval_set_id: str, repetition: int = 0,
-                              run_id: str = "", attempt: int = 1) -> InferenceRecord:
-    """The graph over one case, as the ADK lane's record; an exception becomes a ``failure``."""
+                              run_id: str = "", attempt: int = 1,
+                              fingerprint: str | None = None) -> InferenceRecord:
+    """The graph over one case, as the ADK lane's record; an exception becomes a ``failure``
+    (its tokens come from the turns' messages: ``model_usage`` stays None)."""
     counter = ModelCallCounter()
     fields: dict[str, Any] = dict(
-        inference_fingerprint=inference_fingerprint(agent.identity, case, repetition),
+        inference_fingerprint=fingerprint or inference_fingerprint(agent.identity, case, repetition),
         eval_set_id=eval_set_id, eval_id=case.eval_id, repetition=repetition,
         app_name=case.session_input.app_name if case.session_input else agent.name,
         agent_name=agent.root_agent.name, adk_version=ADK_VERSION, attempts=attempt,
-        run_id=run_id, created_at=now_iso())
+        run_id=run_id, created_at=now_iso(), agent_manifest=agent.manifest)
     initial = None
     try:
         seed = _seed(agent.graph, case)
@@ -334,7 +336,6 @@ async def run_graph_inference(agent: LoadedAgent, case: EvalCase, *, eval_set_id
             _run_turns(agent, case, seed, counter), _CallWatch(counter, case.eval_id),
             f"the inference of case {case.eval_id!r}")
     except Exception as exc:  # the graph's own failures are the inference's, recorded
-        return InferenceRecord(status="failure", error=f"{type(exc).__name__}: {exc}", model_calls=counter.calls,
-                               initial_session_state=initial, **fields)
+        return failure_record(exc, counter.calls, None, initial, fields)
     return InferenceRecord(status="success", invocations=invocations, model_calls=counter.calls,
                            initial_session_state=initial, final_session_state=final, **fields)

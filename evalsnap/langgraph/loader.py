@@ -96,10 +96,10 @@ def load_agent(agent_dir: str | Path, agent_name: str | None = None) -> LoadedAg
     else:
         graph_name, found = None, _from_package(path, agent_name)
     graph = _compiled(found, path)
-    from evalsnap.langgraph.identity import graph_identity
+    from evalsnap.langgraph.identity import graph_manifest
 
     return LoadedAgent(path=path, name=path.name, root_agent=BaseAgent(name=_agent_name(graph, graph_name, path)),
-                       app=None, identity=graph_identity(path, graph, graph_name),
+                       app=None, base_manifest=graph_manifest(path, graph, graph_name),
                        framework="langgraph", graph=graph)
 
 

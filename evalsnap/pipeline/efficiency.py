@@ -7,8 +7,11 @@ the inference, so evalsnap does not make them scoring units (nothing to gate, no
 reuse): publish computes them with ADK's own evaluators, from ADK's registry, on each
 stored inference and keeps the values in the record.
 
-Tokens come from the usage metadata the models reported: the agent's from the invocation
-events of an inference, the judge's from the ledger entries of the judge calls a run made.
+Tokens come from the usage metadata the models reported: the agent's from what the
+model-boundary plugin that counts the agent's model calls saw (``InferenceRecord.model_usage``:
+AgentTool inner runs and sub-agents included; records written before it was kept: the
+invocation events of the inference), the judge's from the ledger entries of the judge calls a
+run made. ADK's own ``token_usage_v1`` stays ADK's: it reads the invocation events.
 A model is named by the model version its response reports (the model that served the
 call, whichever agent of the tree asked); that name is the key of the price table.
 """
@@ -123,6 +126,12 @@ def agent_tokens_by_model(inference: InferenceRecord) -> tuple[dict[str, TokenCo
     how many responses reported usage."""
     by_model: dict[str, TokenCounts] = {}
     reported = 0
+    if inference.model_usage is not None:
+        for seen in inference.model_usage:
+            reported += 1
+            merge_by_model(by_model, {seen.model or UNREPORTED_MODEL:
+                                      counts_of(UsageMetadata.model_validate(seen.usage))})
+        return by_model, reported
     for invocation in inference.invocations:
         data = invocation.intermediate_data
         if not isinstance(data, InvocationEvents):

@@ -3,19 +3,23 @@
 One request is a *batch* of consecutive cases × repetitions, run concurrently on one event
 loop (``concurrency``), each case under one slot of the agent's model limit. Reuse is per
 case, decided by :mod:`evalsnap.pipeline.reuse`. A failed inference is recorded as a
-failure and never reused.
+failure and never reused. Only a failure a retry can fix (:mod:`evalsnap.adk.failures`) is
+worth a retry of its batch (:func:`worth_retrying`); a retry of the batch does not run
+again a case that failed in a way no retry fixes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from typing import Any
 
 from google.adk.evaluation.eval_case import EvalCase
 from google.adk.version import __version__ as ADK_VERSION
 from pydantic import BaseModel, ConfigDict
 
+from evalsnap.adk._user_code import contained_task_factory
 from evalsnap.adk.agent import LoadedAgent, load_agent
 from evalsnap.adk.inference import now_iso, run_inference
 from evalsnap.pipeline import limits, progress, reuse, runners
@@ -66,7 +70,31 @@ def agent_at(agent_dir: str, agent_name: str | None = None,
     return load_agent(agent_dir, agent_name=agent_name, framework=framework)
 
 
+_lock = threading.Lock()
+_settled: dict[tuple[str, str], InferenceOutcome] = {}
+"""(run id, inference fingerprint) → a failure of this run that no retry fixes."""
+_MAX_SETTLED = 10_000
+
+
+def _settle(run_id: str, outcome: InferenceOutcome) -> None:
+    with _lock:
+        if len(_settled) >= _MAX_SETTLED:
+            _settled.pop(next(iter(_settled)))
+        _settled[(run_id, outcome.fingerprint)] = outcome
+
+
+def worth_retrying(batch: InferBatch, outcomes: list[InferenceOutcome]) -> list[InferenceOutcome]:
+    """The failed outcomes of ``batch`` that a retry could fix."""
+    with _lock:
+        return [o for o in outcomes if o.status != "success"
+                and (batch.run_id, o.fingerprint) not in _settled]
+
+
 async def _one(batch: InferBatch, item: InferItem, attempt: int) -> InferenceOutcome:
+    with _lock:
+        settled = _settled.get((batch.run_id, item.fingerprint))
+    if settled is not None:  # failed before in this run, the same way a retry would
+        return settled
     store = repo.open_store(batch.store_url)
     found = reuse.inference_to_use(store, item.fingerprint, reuse=batch.reuse,
                                    run_id=batch.run_id, attempt=attempt)
@@ -81,13 +109,17 @@ async def _one(batch: InferBatch, item: InferItem, attempt: int) -> InferenceOut
     async with limits.model_slot("agent"):
         record = await run_inference(agent_at(batch.agent_dir, batch.agent_name, batch.framework), case,
                                      eval_set_id=batch.eval_set_id, repetition=item.repetition,
-                                     run_id=batch.run_id, attempt=attempt)
+                                     run_id=batch.run_id, attempt=attempt,
+                                     fingerprint=item.fingerprint)
     oid = repo.put(store, record)
     repo.index_inference(store, record, oid)
-    return InferenceOutcome(eval_id=item.eval_id, repetition=item.repetition, oid=oid,
-                            fingerprint=item.fingerprint, status=record.status,
-                            model_calls=record.model_calls, run_id=batch.run_id,
-                            error=record.error)
+    outcome = InferenceOutcome(eval_id=item.eval_id, repetition=item.repetition, oid=oid,
+                               fingerprint=item.fingerprint, status=record.status,
+                               model_calls=record.model_calls, run_id=batch.run_id,
+                               error=record.error)
+    if not record.ok and record.retryable is False:
+        _settle(batch.run_id, outcome)
+    return outcome
 
 
 def infer_batch(batch: InferBatch, attempt: int = 1) -> list[InferenceOutcome]:
@@ -97,6 +129,8 @@ def infer_batch(batch: InferBatch, attempt: int = 1) -> list[InferenceOutcome]:
     makes what it wrote durable before it returns.
     """
     async def run_all() -> list[InferenceOutcome]:
+        # the agent's code raising SystemExit & co. fails its case, not the loop
+        asyncio.get_running_loop().set_task_factory(contained_task_factory)
         gate = asyncio.Semaphore(max(1, batch.concurrency))
 
         async def one(item: InferItem) -> InferenceOutcome:

@@ -5,9 +5,20 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 from google.adk.evaluation.eval_case import Invocation
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from evalsnap.records._base import StoredModel
+
+
+class ModelUsage(BaseModel):
+    """The usage one model response reported, as the model-boundary plugin saw it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str | None = None
+    """The model version the response names (None: it names none)."""
+    usage: dict[str, Any]
+    """Its ``usage_metadata`` (``GenerateContentResponseUsageMetadata`` as JSON)."""
 
 
 class InferenceRecord(StoredModel):
@@ -36,6 +47,12 @@ class InferenceRecord(StoredModel):
     """``failure`` means the agent raised; such records are never reused."""
     error: str | None = None
     """The exception, when ``status`` is ``failure``."""
+    traceback: str | None = None
+    """Its traceback (the end of it when long), when the agent or its set-up raised."""
+    retryable: bool | None = None
+    """Whether a retry could fix the failure (a timeout, 408/429/5xx, a lost connection);
+    False: it fails the same way every time, so it was not retried. None: not a failure,
+    or recorded before this was decided."""
     attempts: int = 1
     """How many attempts the orchestrator made (Prefect task retries)."""
     invocations: list[Invocation] = Field(default_factory=list)
@@ -46,6 +63,15 @@ class InferenceRecord(StoredModel):
     """State read back from the session service after the last turn."""
     model_calls: int = 0
     """LLM requests sent to the agent's model(s) during this inference."""
+    model_usage: list[ModelUsage] | None = None
+    """The usage every model response reported, in order, counted at the same model
+    boundary as ``model_calls`` (AgentTool inner runs, sub-agents and retried calls
+    included); None in records written before it was counted."""
+    agent_manifest: dict[str, Any] | None = None
+    """What the agent was (:mod:`evalsnap.adk.identity`): package files, resolved agent
+    tree, non-secret ``.env`` keys and declared inputs, by hash where a value could be
+    private; the agent identity in ``inference_fingerprint`` is its fingerprint. Never a
+    secret value. None in older records."""
     run_id: str = ""
     """The evalsnap run that produced this record."""
     created_at: str = ""

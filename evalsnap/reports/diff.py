@@ -14,6 +14,7 @@ from typing import Any
 from evalsnap.errors import EvalsnapError
 from evalsnap.fingerprint import short
 from evalsnap.records import EvaluationRecord, FrozenCase, MetricRule, ScoreUnit, Snapshot, UnitRef, repo
+from evalsnap.reports._agent_changes import AgentChanges
 
 __all__ = ["diff", "diff_table", "moved", "nothing_moved"]
 
@@ -112,6 +113,11 @@ def diff(store: Any, a_oid: str, a: EvaluationRecord, b_oid: str,
     keys = list(side_a.refs)
     keys += [k for k in side_b.refs if k not in side_a.refs]
     entries = [_entry(side_a, side_b, k) for k in keys]
+    inferences, agent_changes = AgentChanges(store).of_records(a, b)
+    why = {(i["eval_id"], i["repetition"]): i["changes"] for i in inferences}
+    for e in entries:
+        if "inference" in e["moved"]:
+            e["agent_changes"] = why.get((e["eval_id"], e["repetition"]), [])
     counts: dict[str, int] = {}
     for e in entries:
         counts[e["change"]] = counts.get(e["change"], 0) + 1
@@ -122,6 +128,8 @@ def diff(store: Any, a_oid: str, a: EvaluationRecord, b_oid: str,
         "passed_a": a.summary.passed, "passed_b": b.summary.passed,
         "full_a": a.full, "full_b": b.full,
         "changes": counts, "changed": sum(n for k, n in counts.items() if k != "none"),
+        "agent_changes": agent_changes,
+        "inference_changes": [i for i in inferences if not i["same_key_as_parent"]],
         "units": entries,
     }
 
@@ -135,12 +143,15 @@ def nothing_moved(result: dict[str, Any]) -> str:
     """The message for two records with no change in any unit."""
     n = result["changes"].get("none", 0)
     same = "the same record" if result["record_a"] == result["record_b"] else "the two records"
+    agent = result.get("agent_changes") or []
     return (f"nothing moved: all {n} unit(s) have the same status, score and inputs in "
-            f"{same} ({short(result['record_a'])} → {short(result['record_b'])}).")
+            f"{same} ({short(result['record_a'])} → {short(result['record_b'])})."
+            + (f" The agent changed ({'; '.join(agent)}) and answered the same." if agent else ""))
 
 
 def diff_table(result: dict[str, Any], *, all_rows: bool = False) -> Any:
     """A rich Table of the units that changed (every unit with ``all_rows``)."""
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=f"diff {short(result['record_a'])} ({result['run_a']}) → "
@@ -164,4 +175,6 @@ def diff_table(result: dict[str, Any], *, all_rows: bool = False) -> Any:
         table.add_row(case, e["metric"], status, score, moved)
     table.caption = " · ".join(f"{'unchanged' if k == 'none' else k} {v}"
                                for k, v in sorted(result["changes"].items()))
+    if result.get("agent_changes"):
+        table.caption += f"\nagent changed: {escape('; '.join(result['agent_changes']))}"
     return table

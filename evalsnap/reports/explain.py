@@ -3,7 +3,10 @@
 The reason of each unit is decided when the record is published (``UnitRef.why``,
 see :func:`evalsnap.pipeline.publish.explain_change`); this module adds the evidence: which
 fingerprint of the unit key differs from the parent record, so a reader can check
-the reason against the stored keys instead of trusting it.
+the reason against the stored keys instead of trusting it; and, per inference, whether the
+agent ran or was reused and why its key changed: *what* changed in the agent (from the
+identities stored with the inferences, :mod:`evalsnap.reports._agent_changes`), never a
+bare hash.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 from evalsnap.errors import EvalsnapError
 from evalsnap.fingerprint import short
 from evalsnap.records import EvaluationRecord, ScoreUnit, UnitRef, repo
+from evalsnap.reports._agent_changes import AgentChanges
 
 __all__ = ["explain", "explain_table"]
 
@@ -23,14 +27,13 @@ REASONS = (
 )
 
 
-def _parent_units(store: Any, parent_oid: str | None) -> dict[tuple[str, int, str], UnitRef]:
+def _parent(store: Any, parent_oid: str | None) -> EvaluationRecord | None:
     if parent_oid is None:
-        return {}
+        return None
     try:
-        parent = repo.get(store, EvaluationRecord, parent_oid)
+        return repo.get(store, EvaluationRecord, parent_oid)
     except EvalsnapError:
-        return {}
-    return {(u.eval_id, u.repetition, u.metric_name): u for u in parent.units}
+        return None
 
 
 def _moved(ref: UnitRef, before: UnitRef | None) -> list[str]:
@@ -46,8 +49,12 @@ def _moved(ref: UnitRef, before: UnitRef | None) -> list[str]:
 
 
 def explain(store: Any, record_oid: str, record: EvaluationRecord) -> dict[str, Any]:
-    """One JSON-ready object: the record, its parent, and one entry per unit."""
-    parent = _parent_units(store, record.parent_record)
+    """One JSON-ready object: the record, its parent, one entry per inference (ran or
+    reused, and what changed since the parent) and one entry per unit."""
+    parent_record = _parent(store, record.parent_record)
+    parent = ({(u.eval_id, u.repetition, u.metric_name): u for u in parent_record.units}
+              if parent_record else {})
+    inferences, agent_changes = AgentChanges(store).of_records(parent_record, record)
     units: list[dict[str, Any]] = []
     for ref in record.units:
         try:
@@ -78,6 +85,9 @@ def explain(store: Any, record_oid: str, record: EvaluationRecord) -> dict[str, 
         "scored_units": sum(1 for u in units if u["action"] == "scored"),
         "why_counts": dict(sorted(counts.items(), key=lambda kv: _order(kv[0]))),
         "skipped_cases": record.skipped_cases, "uninferred_cases": record.uninferred_cases,
+        "agent_changes": agent_changes,
+        "ran_inferences": sum(1 for i in inferences if i["action"] == "ran"),
+        "inferences": inferences,
         "units": units,
     }
 
@@ -88,6 +98,7 @@ def _order(why: str) -> int:
 
 def explain_table(result: dict[str, Any]) -> Any:
     """A rich Table, one row per unit."""
+    from rich.markup import escape
     from rich.table import Table
 
     parent = short(result["parent_record"]) if result["parent_record"] else "none"
@@ -104,5 +115,9 @@ def explain_table(result: dict[str, Any]) -> Any:
         table.add_row(case, u["metric"], action, u["why"], origin, str(u["status"]))
     counts = " · ".join(f"{k} {v}" for k, v in result["why_counts"].items())
     table.caption = (f"scored {result['scored_units']} · reused {result['reused_units']}"
-                     + (f" · {counts}" if counts else ""))
+                     + (f" · {counts}" if counts else "")
+                     + f"\ninference: ran {result.get('ran_inferences', 0)} of "
+                     f"{len(result.get('inferences', []))}"
+                     + (f" · agent changed: {escape('; '.join(result['agent_changes']))}"
+                        if result.get("agent_changes") else ""))
     return table

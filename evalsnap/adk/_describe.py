@@ -1,0 +1,351 @@
+"""The resolved agent tree as JSON data: what every part of an agent *is*, stably.
+
+Everything that changes what an agent does is described, by walking the agent's own pydantic
+fields (so a field ADK adds is covered without a change here): sub-agents and workflow
+agents, AgentTool agents (recursively, with the wrapper's options), models and their
+generate-content config, instructions, schemas, output key, include_contents, planner, code
+executor, tools (declarations; a function tool's code), callbacks, and an App's plugins.
+
+A callable is its qualified name and a hash of its code (:func:`code_digest`): bytecode,
+constants, names, argument layout, recursively for nested code, plus what the code reads
+from its module and its closure (constants by value, helper functions of the user's own
+code by their code). Never a ``repr``, which holds a memory address. Secret-named fields,
+attributes and keys (:func:`is_secret_name`) are left out wherever they appear; transport
+settings (``http_options``) too. Long strings are kept as their hash, so a stored tree
+stays small.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import hashlib
+import inspect
+import json
+import math
+import os
+import re
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+__all__ = ["code_digest", "describe", "describe_callable", "is_secret_name"]
+
+_SECRET_SUFFIXES = ("KEY", "KEYS", "TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD",
+                    "PASSWORDS", "PASSWD", "CREDENTIAL", "CREDENTIALS")
+_TRANSPORT = frozenset({"http_options", "httpOptions"})
+_LONG = 240
+"""Strings longer than this are described by their hash (a tree is stored per inference)."""
+_MAX_DEPTH = 24
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a variable, field or key names a secret (…KEY, …TOKEN, …SECRET, …PASSWORD,
+    …CREDENTIAL(S), ``GOOGLE_APPLICATION_CREDENTIALS``): such values are never described."""
+    upper = re.sub(r"[^A-Z0-9]", "_", name.upper()).rstrip("_")
+    return upper.endswith(_SECRET_SUFFIXES)
+
+
+def _digest(value: Any) -> str:
+    body = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
+
+
+def _qualname(obj: Any) -> str:
+    module = getattr(obj, "__module__", None) or type(obj).__module__
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) \
+        or type(obj).__qualname__
+    return f"{module}.{name}"
+
+
+@functools.cache
+def _is_user_module(module: str) -> bool:
+    """Code of the user's project, not of the standard library or an installed package."""
+    top = module.split(".")[0]
+    if not top or top in sys.stdlib_module_names or top in ("builtins", "__main__"):
+        return top == "__main__"
+    mod = sys.modules.get(top)
+    files = [getattr(mod, "__file__", None), *list(getattr(mod, "__path__", []) or [])]
+    paths = [Path(os.path.realpath(f)) for f in files if f]
+    return bool(paths) and not any({"site-packages", "dist-packages"} & set(p.parts) for p in paths)
+
+
+def _user_code(obj: Any) -> bool:
+    return _is_user_module(getattr(obj, "__module__", None) or "")
+
+
+# ---- code --------------------------------------------------------------------------------------
+
+def _const(value: Any) -> Any:
+    if isinstance(value, types.CodeType):
+        return _code_body(value)
+    if isinstance(value, frozenset | set):
+        return {"set": sorted((_const(v) for v in value), key=lambda v: json.dumps(v, default=str))}
+    if isinstance(value, tuple | list):
+        return [_const(v) for v in value]
+    if isinstance(value, bytes):
+        return {"bytes": hashlib.sha256(value).hexdigest()}
+    if isinstance(value, float | complex):
+        return {"number": repr(value)}
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    return {"const": _qualname(type(value))}
+
+
+def _code_body(code: types.CodeType) -> dict[str, Any]:
+    """A code object without its file, line numbers or addresses: what it does."""
+    return {"name": code.co_qualname if hasattr(code, "co_qualname") else code.co_name,
+            "code": code.co_code.hex(), "consts": [_const(c) for c in code.co_consts],
+            "names": list(code.co_names), "varnames": list(code.co_varnames),
+            "freevars": list(code.co_freevars), "cellvars": list(code.co_cellvars),
+            "args": [code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount],
+            "flags": code.co_flags}
+
+
+def _all_names(code: types.CodeType) -> list[str]:
+    names = list(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names += _all_names(const)
+    return names
+
+
+def _referenced(name: str, value: Any, seen: set[int], depth: int) -> Any:
+    """What a global or closure variable contributes to a function's code hash."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value if not isinstance(value, float) or math.isfinite(value) else repr(value)
+    if isinstance(value, types.ModuleType):
+        return {"module": value.__name__}
+    if isinstance(value, list | tuple | dict | set | frozenset) and len(value) <= 1000:
+        try:
+            return json.loads(json.dumps(value, sort_keys=True, default=lambda v: f"<{_qualname(type(v))}>"))
+        except (TypeError, ValueError):
+            return {"container": _qualname(type(value))}
+    if (inspect.isfunction(value) or inspect.ismethod(value)) and _user_code(value) \
+            and depth < 6 and id(value) not in seen:
+        return describe_callable(value, seen, depth + 1)
+    if isinstance(value, type):
+        return _class(value) if depth < 6 else {"class": _qualname(value)}
+    return {"object": _qualname(type(value))}
+
+
+def code_digest(fn: Any, seen: set[int] | None = None, depth: int = 0) -> str:
+    """The hash of a function's code, its defaults, and what it reads from its module and
+    closure (secret-named variables left out)."""
+    seen = set() if seen is None else seen
+    seen.add(id(fn))
+    code: types.CodeType = fn.__code__
+    fn_globals = getattr(fn, "__globals__", {}) or {}
+    refs = {n: _referenced(n, fn_globals[n], seen, depth) for n in sorted(set(_all_names(code)))
+            if n in fn_globals and not is_secret_name(n)}
+    cells = {}
+    for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or (), strict=False):
+        try:
+            contents = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if not is_secret_name(name):
+            cells[name] = _referenced(name, contents, seen, depth)
+    return _digest({"code": _code_body(code), "globals": refs, "closure": cells,
+                    "defaults": _const(fn.__defaults__ or ()),
+                    "kwdefaults": {k: _referenced(k, v, seen, depth)
+                                   for k, v in sorted((fn.__kwdefaults__ or {}).items())
+                                   if not is_secret_name(k)}})
+
+
+def describe_callable(fn: Any, seen: set[int] | None = None, depth: int = 0) -> dict[str, Any]:
+    """``{"callable": qualified name, "code": hash}`` (partials, methods, decorated functions
+    and callable objects unwrapped)."""
+    seen = set() if seen is None else seen
+    if isinstance(fn, functools.partial):
+        return {"partial": describe_callable(fn.func, seen, depth),
+                "args": [_referenced("", a, seen, depth) for a in fn.args],
+                "keywords": {k: _referenced(k, v, seen, depth) for k, v in sorted(fn.keywords.items())
+                             if not is_secret_name(k)}}
+    if inspect.ismethod(fn):
+        owner = fn.__self__ if isinstance(fn.__self__, type) else type(fn.__self__)
+        return {"method_of": _qualname(owner), **describe_callable(fn.__func__, seen, depth)}
+    if hasattr(fn, "__code__"):
+        out: dict[str, Any] = {"callable": _qualname(fn), "code": code_digest(fn, seen, depth)}
+        wrapped = getattr(fn, "__wrapped__", None)
+        if wrapped is not None and wrapped is not fn and depth < 6:
+            out["wraps"] = describe_callable(wrapped, seen, depth + 1)
+        return out
+    if isinstance(fn, type) or inspect.isbuiltin(fn):
+        return {"callable": _qualname(fn)}
+    call = vars(type(fn)).get("__call__")
+    out = {"callable": _qualname(type(fn))}
+    if call is not None and hasattr(call, "__code__"):
+        out["code"] = code_digest(call, seen, depth)
+    return out
+
+
+def _class(cls: type) -> dict[str, Any]:
+    """A class by name, with the code of its methods where it is the user's own code."""
+    out: dict[str, Any] = {"class": _qualname(cls)}
+    methods = {}
+    for klass in cls.__mro__:
+        if not _user_code(klass):
+            continue
+        for name, member in sorted(vars(klass).items()):
+            fn = member.fget if isinstance(member, property) else \
+                getattr(member, "__func__", member)
+            if hasattr(fn, "__code__") and f"{klass.__qualname__}.{name}" not in methods:
+                methods[f"{klass.__qualname__}.{name}"] = code_digest(fn)
+    if methods:
+        out["methods"] = methods
+    if issubclass(cls, BaseModel) and _user_code(cls):
+        try:
+            out["schema"] = _digest(cls.model_json_schema())
+        except Exception:  # noqa: BLE001 - a schema pydantic cannot render: its code still counts
+            out["schema"] = None
+    return out
+
+
+# ---- values ------------------------------------------------------------------------------------
+
+def _text(value: str) -> str:
+    if len(value) <= _LONG:
+        return value
+    return f"<{len(value)} chars sha256:{hashlib.sha256(value.encode()).hexdigest()}>"
+
+
+def _keep(key: str, value: Any) -> bool:
+    return not is_secret_name(key) and key not in _TRANSPORT and value is not None \
+        and value != [] and value != {}
+
+
+def _fields(obj: BaseModel, seen: list[int], depth: int, skip: frozenset[str] = frozenset(),
+            secret_filter: bool = True) -> dict[str, Any]:
+    out = {}
+    for name in sorted(type(obj).model_fields):
+        if name in skip:
+            continue
+        value = getattr(obj, name, None)
+        if secret_filter and not _keep(name, value):
+            continue
+        described = describe(value, seen, depth + 1)
+        if described is not None and described != [] and described != {}:
+            out[name] = described
+    return out
+
+
+def _declaration(tool: Any) -> Any:
+    get = getattr(tool, "_get_declaration", None)
+    try:
+        decl = get() if callable(get) else None
+        return decl.model_dump(mode="json", exclude_none=True) if decl is not None else None
+    except Exception:  # noqa: BLE001 - a tool that cannot declare itself still has its code
+        return None
+
+
+def _agent(agent: Any, seen: list[int], depth: int) -> dict[str, Any]:
+    if id(agent) in seen:
+        return {"agent": agent.name, "see": "above"}
+    seen.append(id(agent))
+    try:
+        # Agent fields are named by ADK, never secrets: `output_key` is no key.
+        out = {"agent": agent.name, **_class(type(agent)),
+               **_fields(agent, seen, depth, skip=frozenset({"parent_agent", "name", "tools"}),
+                         secret_filter=False)}
+        tools = getattr(agent, "tools", None)
+        if tools:
+            out["tools"] = _tools(list(tools), seen, depth)
+        return out
+    finally:
+        seen.pop()
+
+
+def _tool(tool: Any, seen: list[int], depth: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"tool": getattr(tool, "name", None), **_class(type(tool)),
+                           **_attributes(tool, seen, depth, skip=frozenset({"name"}))}
+    if "_require_confirmation" in vars(tool):  # FunctionTool keeps it private
+        out["require_confirmation"] = describe(vars(tool)["_require_confirmation"], seen, depth + 1)
+    declaration = _declaration(tool)
+    if declaration is not None:
+        out["declaration"] = declaration
+    return out
+
+
+def _attributes(obj: Any, seen: list[int], depth: int,
+                skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Public instance attributes (private ones are caches and clients)."""
+    out = {}
+    for name, value in sorted(getattr(obj, "__dict__", {}).items()):
+        if name.startswith("_") or name in skip or not _keep(name, value):
+            continue
+        described = describe(value, seen, depth + 1)
+        if described is not None and described != [] and described != {}:
+            out[name] = described
+    return out
+
+
+def describe(value: Any, seen: list[int] | None = None, depth: int = 0) -> Any:
+    """JSON data that is equal for equal agents, in every process."""
+    from google.adk.agents.base_agent import BaseAgent
+    from google.adk.plugins.base_plugin import BasePlugin
+    from google.adk.tools.base_tool import BaseTool
+    from google.adk.tools.base_toolset import BaseToolset
+
+    seen = [] if seen is None else seen
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, str):
+        return _text(value)
+    if isinstance(value, enum.Enum):
+        return describe(value.value, seen, depth)
+    if isinstance(value, bytes):
+        return {"bytes": hashlib.sha256(value).hexdigest()}
+    if depth > _MAX_DEPTH:
+        return {"object": _qualname(type(value)), "depth": "too deep to describe"}
+    if isinstance(value, BaseAgent):
+        return _agent(value, seen, depth)
+    if isinstance(value, BaseTool):
+        return _tool(value, seen, depth)
+    if isinstance(value, BaseToolset | BasePlugin):
+        return {"name": getattr(value, "name", None), **_class(type(value)),
+                **_attributes(value, seen, depth, skip=frozenset({"name"}))}
+    if isinstance(value, type):
+        return _class(value)
+    if isinstance(value, BaseModel):
+        return {**_class(type(value)), **_fields(value, seen, depth)}
+    if isinstance(value, dict):
+        return {str(k): describe(v, seen, depth + 1) for k, v in value.items() if _keep(str(k), v)}
+    if isinstance(value, list | tuple):
+        return [describe(v, seen, depth + 1) for v in value]
+    if isinstance(value, set | frozenset):
+        items = [describe(v, seen, depth + 1) for v in value]
+        return sorted(items, key=lambda v: json.dumps(v, sort_keys=True, default=str))
+    if callable(value):
+        return describe_callable(value)
+    out = {"object": _qualname(type(value))}
+    if _user_code(type(value)):
+        out.update(_class(type(value)))
+        out.update(_attributes(value, seen, depth))
+    return out
+
+
+def _tools(tools: list[Any], seen: list[int], depth: int) -> list[Any]:
+    """An agent's ``tools``: a plain function with the declaration ADK makes of it."""
+    return [_function_tool(t) if callable(t) and not isinstance(t, type)
+            and not hasattr(t, "_get_declaration") else describe(t, seen, depth + 1)
+            for t in tools]
+
+
+def _function_tool(fn: Any) -> dict[str, Any]:
+    out = {"tool": getattr(fn, "__name__", None), **describe_callable(fn)}
+    if inspect.isfunction(fn) or inspect.ismethod(fn):
+        from google.adk.tools.function_tool import FunctionTool
+
+        try:
+            declaration = _declaration(FunctionTool(fn))
+        except Exception:  # noqa: BLE001 - not a function ADK can wrap: a callback, say
+            declaration = None
+        if declaration is not None:
+            out["declaration"] = declaration
+    return out

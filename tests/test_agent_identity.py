@@ -1,0 +1,269 @@
+"""Issue 27: the agent identity is complete, stable across processes, and explained.
+
+Every test runs the real CLI on ``tests/fixtures/identity_agents/concierge`` (a copy): an App
+with a plugin, an AgentTool whose model and instruction come from the environment, a
+sub-agent with a callable instruction, a workflow agent, a function tool, a callback, a
+``.env`` with a scenario and a fake key, and a file outside the package that the config
+declares (``evalsnapIdentity``). One story of runs on one store, each changing one thing and
+reusing what it can (``--reuse``, a new process each time).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, CliResult, run_cli
+
+FIXTURE = Path(__file__).parent / "fixtures" / "identity_agents"
+KEY = "sk-concierge-fixture-9Vt3Lq7Xw2Pb5Zn8"
+ROTATED = "sk-concierge-fixture-rotated-4Hd8Mw1Qs6"
+
+
+def copy_project(base: Path) -> Path:
+    dst = base / "identity_agents"
+    shutil.copytree(FIXTURE, dst, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    return dst / "concierge"
+
+
+def set_env_value(env_file: Path, key: str, value: str) -> None:
+    lines = [f"{key}={value}" if line.startswith(f"{key}=") else line
+             for line in env_file.read_text().splitlines()]
+    env_file.write_text("\n".join(lines) + "\n")
+
+
+def _ok(result: CliResult, code: int = 0) -> dict[str, Any]:
+    assert result.code == code, (result.stdout[-2000:], result.stderr[-3000:])
+    return result.json
+
+
+# ---- the story: one change at a time ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def story(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    base = tmp_path_factory.mktemp("identity")
+    agent = copy_project(base)
+    store, log = base / "store", base / "usage.jsonl"
+    env: dict[str, str] = {"CONCIERGE_USAGE_LOG": str(log)}
+    runs: dict[str, CliResult] = {}
+    explained: dict[str, dict[str, Any]] = {}
+
+    def step(name: str, **more_env: str) -> None:
+        env.update(more_env)
+        runs[name] = run_cli("run", str(agent), str(agent / "trip.evalset.json"), "--store",
+                             str(store), "--json", "--reuse", env=env)
+        if runs[name].code in (0, 1):
+            shown = run_cli("explain", runs[name].json["run_id"], "--store", str(store), "--json")
+            explained[name] = _ok(shown)
+
+    step("cold")
+    cold_usage = log.read_text()
+    step("warm")
+    set_env_value(agent / ".env", "PLACES_API_KEY", ROTATED)
+    step("rotated")
+    step("instruction", PLACES_INSTRUCTION="Suggest hidden places.")
+    step("model", PLACES_MODEL="concierge-model-v2")
+    set_env_value(agent / ".env", "CONCIERGE_SCENARIO", "beach")
+    step("scenario")
+    step("workflow", LOOP_MAX="3")
+    (agent.parent / "prompts" / "style.md").write_text("Answer briefly.\n")
+    step("declared_file")
+    step("declared_env", CONCIERGE_STYLE_LEVEL="2")
+    source = agent / "agent.py"
+    source.write_text(source.read_text().replace('f"Plan a trip for', 'f"Plan a journey for'))
+    step("callable")
+    step("again")
+    text = run_cli("explain", runs["instruction"].json["run_id"], "--store", str(store))
+    diffed = run_cli("diff", runs["cold"].json["run_id"], runs["instruction"].json["run_id"],
+                     "--store", str(store), "--json")
+    return {"agent": agent, "store": store, "runs": runs, "explained": explained,
+            "explain_text": text, "diff": diffed, "cold_usage": cold_usage}
+
+
+def test_reuse_in_a_new_process_reuses_and_a_key_rotation_too(story: dict[str, Any]) -> None:
+    cold = _ok(story["runs"]["cold"])
+    assert cold["agent_calls"] == 3  # the root, the AgentTool's agent, the root again
+    for name in ("warm", "rotated", "again"):
+        out = _ok(story["runs"][name])
+        assert out["agent_calls"] == 0, name
+        assert [c["inference_reused"] for c in out["cases"]] == [True], name
+
+
+CHANGES = {
+    "instruction": "place_agent.instruction",
+    "model": "place_agent.model",
+    "scenario": ".env CONCIERGE_SCENARIO",
+    "workflow": "refine.max_iterations",
+    "declared_file": "declared file ../prompts/style.md",
+    "declared_env": "declared env CONCIERGE_STYLE_LEVEL",
+    "callable": "planner.instruction code",
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHANGES))
+def test_each_change_reruns_inference_and_explain_names_it(story: dict[str, Any],
+                                                           name: str) -> None:
+    out = story["runs"][name].json
+    assert story["runs"][name].code in (0, 1), story["runs"][name].stderr[-3000:]
+    assert out["agent_calls"] == 3, name
+    explained = story["explained"][name]
+    assert CHANGES[name] in explained["agent_changes"], explained["agent_changes"]
+    (inference,) = explained["inferences"]
+    assert inference["action"] == "ran" and CHANGES[name] in inference["changes"]
+    assert not any("sha256:" in c for c in explained["agent_changes"])
+
+
+def test_explain_and_diff_say_what_changed_in_words(story: dict[str, Any]) -> None:
+    text = story["explain_text"]
+    assert text.code == 0, text.stderr[-2000:]
+    assert "agent changed: place_agent.instruction" in " ".join(text.stdout.split())
+    diffed = _ok(story["diff"])
+    assert diffed["agent_changes"] == ["place_agent.instruction"]
+    (unit,) = diffed["units"]
+    assert "inference" in unit["moved"] and unit["agent_changes"] == ["place_agent.instruction"]
+    # the scenario switch names the key, and the callback that reads it, never a value
+    scenario = story["explained"]["scenario"]["agent_changes"]
+    assert "concierge.before_agent_callback code" in scenario
+    assert not any("beach" in c or "city" in c for c in scenario)
+
+
+def test_no_secret_and_no_secret_name_reaches_the_store(story: dict[str, Any]) -> None:
+    files = [p for p in story["store"].rglob("*") if p.is_file()]
+    assert files
+    for needle in (KEY, ROTATED, "PLACES_API_KEY"):
+        assert [p for p in files if needle.encode() in p.read_bytes()] == [], needle
+        for result in story["runs"].values():
+            assert needle not in result.stdout and needle not in result.stderr
+
+
+def test_tokens_are_every_call_the_model_reported_agent_tool_runs_included(
+        story: dict[str, Any]) -> None:
+    cold = story["runs"]["cold"].json
+    calls = [json.loads(line) for line in story["cold_usage"].splitlines()]
+    assert len(calls) == cold["agent_calls"] == 3
+    prompt = sum(c["prompt_token_count"] for c in calls)
+    answer = sum(c["candidates_token_count"] for c in calls)
+    expected = {"input_tokens": prompt, "output_tokens": answer, "total_tokens": prompt + answer,
+                "cached_tokens": None, "thoughts_tokens": None}
+    assert cold["agent_tokens"] == expected
+    assert cold["model_tokens"] == {"concierge-model-v1": expected}
+    (case,) = cold["cases"]
+    assert case["tokens"] == expected and case["tokens_by_model"] == {"concierge-model-v1": expected}
+    # ADK's own token_usage_v1 stays ADK's: the parent session's events only
+    assert case["efficiency"]["token_usage_v1"]["value"] < prompt + answer
+
+
+# ---- stable in every process ----------------------------------------------------------------------
+
+PROBE = """
+import json, sys
+sys.path.insert(0, sys.argv[2])
+from evalsnap.adk.agent import load_agent
+agent = load_agent(sys.argv[1])
+print(json.dumps({"identity": agent.identity, "manifest": agent.manifest}, sort_keys=True))
+"""
+
+
+def _probe(agent_dir: Path, seed: str) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-c", PROBE, str(agent_dir), str(ROOT / "examples")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=180,
+                          env={**_clean_env(), "PYTHONHASHSEED": seed})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _clean_env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("PLACES_", "CONCIERGE_", "LOOP_"))}
+
+
+def test_the_same_agent_has_the_same_identity_in_two_fresh_processes(tmp_path: Path) -> None:
+    agent = copy_project(tmp_path)
+    first, second = _probe(agent, "1"), _probe(agent, "4242")  # other hash seeds: set order
+    assert first == second
+    tree = first["manifest"]["tree"]
+    planner = next(a for a in tree["sub_agents"] if a["agent"] == "planner")
+    assert planner["instruction"]["callable"] == "concierge.agent.planner_instruction"
+    assert planner["instruction"]["code"].startswith("sha256:")
+    place = next(t for t in tree["tools"] if t["tool"] == "place_agent")
+    assert place["agent"]["agent"] == "place_agent" and place["skip_summarization"] is False
+    assert " at 0x" not in json.dumps(first["manifest"])  # no repr anywhere
+    assert first["manifest"]["env"].keys() == {"CONCIERGE_SCENARIO"}  # the key is left out
+    assert [p["name"] for p in first["manifest"]["app"]["plugins"]] == ["audit"]
+
+
+def test_the_langgraph_lane_identity_is_the_same_in_two_fresh_processes(tmp_path: Path) -> None:
+    pytest.importorskip("langgraph")
+    agent = tmp_path / "langgraph_agent"
+    shutil.copytree(ROOT / "examples" / "langgraph_agent", agent,
+                    ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    first, second = _probe(agent, "7"), _probe(agent, "99")
+    assert first == second and first["manifest"]["framework"] == "langgraph"
+    nodes = {n["id"]: n["runs"] for n in first["manifest"]["graph"]["nodes"]}
+    assert nodes["agent"]["code"].startswith("sha256:")
+
+
+# ---- set-up errors and config ---------------------------------------------------------------------
+
+def test_an_empty_app_name_fails_at_once_with_adks_message(tmp_path: Path) -> None:
+    from evalsnap.records import repo
+
+    agent = copy_project(tmp_path)
+    evalset = json.loads((agent / "trip.evalset.json").read_text())
+    evalset["eval_cases"][0]["session_input"] = {"appName": "", "userId": "u", "state": {}}
+    path = agent / "empty_app.evalset.json"
+    path.write_text(json.dumps(evalset))
+    store = tmp_path / "store"
+    result = run_cli("run", str(agent), str(path), "--store", str(store), "--json",
+                     env={"EVALSNAP_RETRIES": "2", "EVALSNAP_RETRY_DELAYS": "5,5"})
+    out = _ok(result, code=3)
+    assert out["agent_calls"] == 0
+    shown = _ok(run_cli("show", out["run_id"], "--store", str(store), "--json"))
+    (case,) = shown["cases"]
+    assert "app_name is required" in case["inference"]["error"]
+    assert "Session not found" not in case["inference"]["error"]
+    assert case["inference"]["attempts"] == 1  # not retried: no retry delay was waited
+    record = repo.get_inference(repo.open_store(str(store)), case["inference"]["inference_oid"])
+    assert record.retryable is False and "Traceback" in (record.traceback or "")
+
+
+BAD_IDENTITY = {
+    "secret_env": ({"env": ["PLACES_API_KEY"]}, "PLACES_API_KEY"),
+    "no_such_file": ({"files": ["../nowhere/*.md"]}, "../nowhere/*.md"),
+    "not_a_list": ({"env": "CONCIERGE_STYLE_LEVEL"}, "evalsnapIdentity.env"),
+    "unknown_key": ({"modules": ["x"]}, "evalsnapIdentity.modules"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_IDENTITY))
+def test_a_bad_evalsnap_identity_entry_is_exit_2_naming_it(tmp_path: Path, name: str) -> None:
+    agent = copy_project(tmp_path)
+    config = json.loads((agent / "test_config.json").read_text())
+    config["evalsnapIdentity"], expected = BAD_IDENTITY[name]
+    (agent / "test_config.json").write_text(json.dumps(config))
+    result = run_cli("run", str(agent), str(agent / "trip.evalset.json"), "--store",
+                     str(tmp_path / "store"))
+    assert result.code == 2, result.stderr[-2000:]
+    assert expected in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "store" / "v1" / "objects").exists()
+
+
+@pytest.mark.parametrize("threshold", [-0.5, 1.5])
+def test_a_threshold_outside_the_metric_range_is_exit_2(tmp_path: Path, threshold: float) -> None:
+    """Issue 29 item 10: ADK's metric info gives response_match_score the range [0, 1]."""
+    agent = copy_project(tmp_path)
+    (agent / "test_config.json").write_text(json.dumps(
+        {"criteria": {"response_match_score": threshold}}))
+    result = run_cli("run", str(agent), str(agent / "trip.evalset.json"), "--store",
+                     str(tmp_path / "store"))
+    assert result.code == 2, result.stderr[-2000:]
+    assert "response_match_score" in result.stderr and "outside the metric's range" in result.stderr
+    assert "[0, 1]" in result.stderr
