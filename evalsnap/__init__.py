@@ -2,14 +2,10 @@
 
 The domain and the command line live here; ``storage`` holds the store, ``tasks`` and
 ``flows`` the Prefect adapters. Import submodules directly (``evalsnap.pipeline.plan``,
-``evalsnap.records``…); nothing heavy is imported by this package itself. Importing it
-defers two heavy optional imports of ADK's evaluation package until they are used
-(``evalsnap.startup``).
+``evalsnap.records``…); nothing heavy is imported by this package itself, and importing
+any evalsnap module registers, patches, starts and mutes nothing: the command line's
+start-up tricks (:mod:`evalsnap.startup`) run from its ``main`` only.
 """
-
-from evalsnap import startup
-
-startup.install()
 
 __version__ = "0.1.0"
 

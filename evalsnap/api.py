@@ -11,7 +11,7 @@ exception (``result.passed``, ``result.complete``, ``result.exit_code``).
 from __future__ import annotations
 
 import contextlib
-import logging
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from evalsnap import errors, settings
 from evalsnap.records.record import TokenCounts
 
-__all__ = ["CaseResult", "MetricResult", "RecordResult", "RunResult", "Tokens", "evaluate",
-           "rescore", "run_flow"]
+__all__ = ["CaseResult", "MetricResult", "RecordResult", "RunResult", "Tokens",
+           "check_store_url", "evaluate", "rescore", "run_flow"]
 
 
 class MetricResult(BaseModel):
@@ -108,7 +108,8 @@ class RunResult(BaseModel):
     complete: bool
     passed: bool
     exit_code: int
-    """0 passed, 1 a quality failure, 3 incomplete (the command line's exit code)."""
+    """0 passed, 1 a quality failure, 3 incomplete (the command line's exit code, from
+    :mod:`evalsnap.exitcodes`)."""
     agent_calls: int = 0
     judge_calls: int = 0
     reused_units: int = 0
@@ -148,44 +149,57 @@ class RunResult(BaseModel):
         return lines
 
 
-class _TypedErrorsPrintedOnce(logging.Filter):
-    """Drops Prefect's traceback of a typed error (bad input found while the flow plans):
-    the flow run still ends Failed with the error, which reaches the caller once."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return not isinstance(exc, errors.EvalsnapError)
-
-
 def run_flow(flow_fn: Any, *, storage_options: dict[str, str] | None = None,
-             preload: list[str] | None = None,
              progress: contextlib.AbstractContextManager[Any] | None = None,
              **params: Any) -> dict[str, Any]:
-    """Runs a flow in this process, on the temporary API (started early) or the server
-    ``PREFECT_API_URL`` names; returns its result (the ``--json`` object)."""
-    from evalsnap import startup
+    """Runs a flow in this process, on the server ``PREFECT_API_URL`` names (else on
+    Prefect's own temporary local API); returns its result (the ``--json`` object).
+
+    It leaves the caller's process as it found it: no logger, warning filter, environment
+    variable or signal handler is changed (the command line does its own start-up in
+    :mod:`evalsnap.startup`). ``storage_options`` stay in this process: they are never a
+    flow parameter, so they never reach Prefect's database."""
     from evalsnap.pipeline.runners import resolve_runner
     from evalsnap.records import repo
 
-    startup.apply_defaults()
-    startup.prestart_ephemeral_api()  # a no-op if already started (the CLI starts it first)
+    check_store_url(params["store"])
     params["task_runner"], params["dask_address"] = resolve_runner(params.get("task_runner"),
                                                                    params.get("dask_address"))
     repo.configure_store(params["store"], storage_options or {})
     from prefect import settings as prefect_settings
 
-    logging.getLogger("google_adk").setLevel(logging.ERROR)
-    flow_runs = logging.getLogger("prefect.flow_runs")
-    if not any(isinstance(f, _TypedErrorsPrintedOnce) for f in flow_runs.filters):
-        flow_runs.addFilter(_TypedErrorsPrintedOnce())
-    # While the temporary API is still starting: first what the flow's start needs, then,
-    # in the background, what its metrics will (this thread is idle until the API answers).
-    startup.preload_flow_engine()
-    startup.preload(preload or [])
-    startup.wait_for_ephemeral_api()
     heartbeat = getattr(prefect_settings, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY", None)
     with progress or contextlib.nullcontext(), _no_heartbeat(prefect_settings, heartbeat):
         return flow_result(flow_fn(**params, return_state=True))
+
+
+#: ``scheme://user:password@`` — credentials written into a URL.
+_USERINFO = re.compile(r"^([a-z][a-z0-9+.-]*://)([^/@?#]*)@", re.IGNORECASE)
+_CREDENTIALS_HINT = {
+    "s3": "the environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE) or "
+          "--storage-option key=… --storage-option secret=…",
+    "gs": "the environment (GOOGLE_APPLICATION_CREDENTIALS) or --storage-option token=…",
+}
+
+
+def check_store_url(url: Any) -> None:
+    """Refuses a store URL that holds credentials (``s3://KEY:SECRET@bucket/p``) before any
+    flow starts: the store URL is a flow parameter, and Prefect stores every flow run's
+    parameters in its database. The message names where credentials go instead."""
+    found = _USERINFO.match(url) if isinstance(url, str) else None
+    if found is None:
+        return
+    scheme = found.group(1)[:-3].lower()
+    hint = _CREDENTIALS_HINT.get("s3" if scheme in ("s3", "s3a") else
+                                 "gs" if scheme in ("gs", "gcs") else "",
+                                 "the environment variables of the backend or --storage-option "
+                                 "KEY=VALUE (EVALSNAP_STORE holds a URL, not credentials)")
+    shown = found.group(1) + "***@" + url[found.end():]
+    raise errors.UsageError(
+        f"the store URL {shown!r} holds credentials (the part before '@'): a store URL is "
+        "recorded as a Prefect flow parameter, in Prefect's database, so it must not hold a "
+        f"secret. Give the credentials through {hint}, and the URL without them "
+        f"({found.group(1) + url[found.end():]!r}).")
 
 
 def flow_result(state: Any) -> dict[str, Any]:

@@ -33,9 +33,13 @@ one; ``storage.errors`` names are also importable from ``storage``)::
     InferenceFailed              tasks.inference           makes Prefect retry (and not cache) a failed batch
     DeadlineExceeded             evalsnap.deadlines        past a deadline: a failed inference, a NOT_EVALUATED unit
     UnsupportedCase              evalsnap.langgraph.inference  a case the lane cannot map: a failed inference
+    ToolEscape                   evalsnap.adk._user_code   an agent's SystemExit or KeyboardInterrupt: a failed inference
+    RefusedCase                  evalsnap.adk.inference    a case ADK refuses to run: a failed inference
 
-Exit codes of the command line: 0 passed, 1 quality (a metric failed), 2 any error of this
-tree, 3 incomplete (something could not be evaluated, or an internal error).
+Exit codes of the command line (decided in :mod:`evalsnap.exitcodes`, listed in
+docs/exit-codes.md): 0 passed, 1 quality (a metric failed), 2 any error of this tree,
+3 incomplete (something could not be evaluated), 4 an internal error (any other exception:
+a bug), 128 + N stopped by signal N.
 
 ``CorruptObjectError`` and ``CorruptRecordError`` stay two sibling classes, neither one nor
 parent and child. ``CorruptObjectError`` is storage integrity: the bytes no longer hash to

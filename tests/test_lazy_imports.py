@@ -1,4 +1,8 @@
-"""evalsnap defers ADK's heavy optional imports (Vertex AI SDK, nltk) until first use."""
+"""evalsnap defers ADK's heavy optional imports (Vertex AI SDK, nltk) until first use.
+
+The deferral is a start-up trick of the CLI's ``main`` (and of the processes evalsnap starts),
+never of ``import evalsnap``: each probe installs it as ``main`` does
+(``startup.install()``; ``tests/test_import_hygiene.py`` checks ``main`` itself)."""
 
 from __future__ import annotations
 
@@ -8,7 +12,10 @@ import sys
 from tests.conftest import ROOT
 
 PROBE = """
-import sys, evalsnap, evalsnap.pipeline.plan
+import sys, evalsnap
+from evalsnap import startup
+startup.install()
+import evalsnap.pipeline.plan
 deferred = sorted(n for n in ("agentplatform", "vertexai", "rouge_score.rouge_scorer")
                   if type(sys.modules.get(n)).__name__ == "DeferredModule")
 print("deferred", deferred, "aiplatform" , "google.cloud.aiplatform" in sys.modules)
@@ -48,8 +55,10 @@ def test_can_be_switched_off():
 
 
 PRELOAD = """
-import sys, threading, evalsnap, evalsnap.pipeline.plan
+import sys, threading, evalsnap
 from evalsnap import startup
+startup.install()
+import evalsnap.pipeline.plan
 module = sys.modules["rouge_score.rouge_scorer"]
 assert type(module).__name__ == "DeferredModule"
 print("none for others", startup.preload(["tool_trajectory_avg_score"]) is None)

@@ -1,312 +1,33 @@
-"""The ``evalsnap`` command line (the public contract in DESIGN.md)."""
+"""The ``evalsnap`` command line (the public contract in DESIGN.md).
+
+This package imports nothing heavy and changes nothing when imported: :func:`main` (the
+console entry point, and ``python -m evalsnap.cli``) first runs the start-up tricks
+(:func:`evalsnap.startup.cli_start`: Prefect's temporary API started early, ADK's heavy
+optional imports deferred, Prefect's defaults), then imports the typer app
+(:mod:`evalsnap.cli._app`), whose names (``app``, ``out``, ``err``, the shared options…)
+are also reachable here.
+"""
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from evalsnap.startup import apply_defaults, prestart_for_command
+if TYPE_CHECKING:  # what __getattr__ below hands out, for the type checker
+    from evalsnap.cli._app import (  # noqa: F401
+        JsonOpt,
+        OptionOpt,
+        StoreOpt,
+        _emit,
+        _handled,
+        _open_store,
+        _print_json,
+        app,
+        err,
+        out,
+    )
 
-apply_defaults()
-prestart_for_command(sys.argv)  # before the heavy imports below (ADK, then Prefect)
-
-import typer  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.markup import escape  # noqa: E402
-
-from evalsnap import errors, startup  # noqa: E402
-from evalsnap.records import repo  # noqa: E402
-from evalsnap.reports.summary import EXIT_INCOMPLETE, EXIT_USAGE, score_table, summary  # noqa: E402
-
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Auditable, reusable evaluations of Google ADK agents.")
-err = Console(stderr=True)
-out = Console()
-
-StoreOpt = Annotated[str, typer.Option("--store", envvar="EVALSNAP_STORE",
-                                       help="Store URL: local path, s3://…, gs://…")]
-OptionOpt = Annotated[list[str] | None, typer.Option(
-    "--storage-option", help="KEY=VALUE passed to the fsspec backend (repeatable)")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout")]
-RunnerOpt = Annotated[str | None, typer.Option(
-    "--task-runner", envvar="EVALSNAP_TASK_RUNNER",
-    help="Where tasks run: threads (default) or dask (local cluster, or --dask-address)")]
-DaskAddressOpt = Annotated[str | None, typer.Option(
-    "--dask-address", envvar="EVALSNAP_DASK_ADDRESS",
-    help="Existing Dask scheduler, e.g. tcp://host:8786 (implies --task-runner dask)")]
-BaselineOpt = Annotated[str | None, typer.Option(
-    "--baseline", metavar="REF",
-    help="Compare with this run or record of the same eval set, or 'latest' (the newest "
-         "full run of it): the summary lists regressions and fixes")]
-ToleranceOpt = Annotated[float, typer.Option(
-    "--tolerance", min=0.0,
-    help="With --baseline: a score drop of more than this is a regression too (default 0: "
-         "only PASSED → FAILED and complete → incomplete are)")]
-FailOnOpt = Annotated[Literal["quality", "incomplete", "regression", "never"], typer.Option(
-    "--fail-on",
-    help="What makes the exit code non-zero: quality (default: 1 a quality failure, 3 "
-         "incomplete), incomplete (3), regression (1, needs --baseline), never")]
-
-
-def _storage_options(pairs: list[str] | None) -> dict[str, str]:
-    """``--storage-option KEY=VALUE`` pairs as a dict; whether the backend takes each key
-    is checked when the store is opened (an unknown one is exit 2 naming it)."""
-    opts = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise errors.UsageError(f"--storage-option {pair!r} must look like KEY=VALUE, "
-                                    "e.g. --storage-option endpoint_url=http://127.0.0.1:9000.")
-        opts[key.strip()] = value
-    return opts
-
-
-def _open_store(url: str, storage_option: list[str] | None, *, write: bool = False) -> Any:
-    """Configures ``--storage-option`` for ``url`` in this process, opens the store and
-    probes it: for reading only unless the command writes (``write``), so read-only
-    credentials and mounts serve every command that only reads."""
-    repo.configure_store(url, _storage_options(storage_option))
-    store = repo.open_store(url)
-    store.check(write=write)
-    return store
-
-
-def _print_json(value: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(value, default=str) + "\n")
-    sys.stdout.flush()
-
-
-@contextmanager
-def _handled():
-    """Typed errors become a message on stderr and exit 2."""
-
-    try:
-        yield
-    except errors.EvalsnapError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        raise typer.Exit(getattr(exc, "exit_code", EXIT_USAGE)) from None
-    except (typer.Exit, KeyboardInterrupt):
-        raise
-    except Exception as exc:  # noqa: BLE001 - a crash is never a quality verdict
-        import traceback
-
-        from evalsnap.pipeline.commits import published
-
-        traceback.print_exc(file=sys.stderr)
-        done = ", ".join(f"{p.record_oid} ({p.eval_set_id})" for p in published())
-        what = (f"records {done} were published before it, and nothing else was" if done
-                else "nothing partial was published")
-        err.print(f"[red]internal error:[/] {escape(f'{type(exc).__name__}: {exc}')}; the run is "
-                  f"incomplete ({escape(what)}). Please report it with the traceback above.",
-                  highlight=False, soft_wrap=True)
-        raise typer.Exit(EXIT_INCOMPLETE) from None
-
-
-def _emit(result: dict[str, Any], as_json: bool) -> None:
-    if as_json:
-        sys.stdout.write(json.dumps(result, sort_keys=False, default=str) + "\n")
-        sys.stdout.flush()
-    else:
-        from evalsnap.reports.suite import parts
-
-        for part in parts(result):
-            out.print(score_table(part))
-            out.print(f"record {part['record_id']}  snapshot {part['snapshot_id']}")
-
-
-@contextmanager
-def _progress(enabled: bool) -> Iterator[None]:
-    """A progress bar on stderr for the stages the flow announces (``pipeline.progress``)."""
-    if not enabled:
-        yield
-        return
-    from rich.progress import Progress
-
-    from evalsnap.pipeline import progress
-
-    with Progress(console=err, transient=True) as bar:
-        ids: dict[str, Any] = {}
-
-        def show(stage: str, advance: int, total: int | None) -> None:
-            if stage not in ids:
-                ids[stage] = bar.add_task(stage, total=total)
-            if total is not None:
-                bar.update(ids[stage], total=total)
-            if advance:
-                bar.advance(ids[stage], advance)
-
-        unsubscribe = progress.subscribe(show)
-        try:
-            yield
-        finally:
-            unsubscribe()
-
-
-def _metrics_in(config: str | None, evalset: str | list[str] | None) -> list[str]:
-    """The metric names a config file lists, read cheaply (only to preload what they need;
-    the flow plans and validates the run, and reports what is wrong with the file)."""
-    from evalsnap.adk.config import read_config_file
-    from evalsnap.adk.targets import default_config_path
-
-    first = evalset[0] if isinstance(evalset, list) and evalset else evalset
-    path = config or (default_config_path(first.split(":")[0])
-                      if isinstance(first, str) else None)
-    try:
-        criteria = read_config_file(path)[0].get("criteria") if path else None
-    except errors.EvalsnapError:
-        return []
-    return [str(name) for name in criteria] if isinstance(criteria, dict) else []
-
-
-def _run_flow(flow_fn: Any, preload: list[str], storage_option: list[str] | None,
-              progress: bool, **params: Any) -> dict[str, Any]:
-    """Runs a flow in this process (:func:`evalsnap.api.run_flow`); returns its summary.
-    SIGINT and SIGTERM stop it within seconds (:mod:`evalsnap.cli.signals`)."""
-    from evalsnap.api import run_flow
-    from evalsnap.cli.signals import run_stoppable
-
-    return run_stoppable(run_flow, flow_fn, storage_options=_storage_options(storage_option),
-                         preload=preload, progress=_progress(progress), **params)
-
-
-@contextmanager
-def _stdout_kept_for_json(enabled: bool) -> Iterator[None]:
-    """With ``--json``, stdout holds the one JSON object alone: while the flow runs, file
-    descriptor 1 is the terminal's stderr, so whatever user code prints (a metric, a tool,
-    the agent) — in this process or in a scoring process it starts — goes to stderr."""
-    if not enabled:
-        yield
-        return
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
-def _flow_command(flow_fn: Any, storage_option: list[str] | None, as_json: bool,
-                  **params: Any) -> None:
-    """Runs a flow command: the flow, its summary printed, the exit code of its gate."""
-    with _handled(), _stdout_kept_for_json(as_json):
-        # With --reuse (and no --force) most units usually come from earlier runs, and
-        # preloading only competes with the run for the interpreter.
-        preload = (_metrics_in(params["config"], params["evalset"])
-                   if params["force"] or not params["reuse"] else [])
-        result = _run_flow(flow_fn, preload, storage_option, not as_json and err.is_terminal,
-                           **params)
-    _emit(result, as_json)
-    raise typer.Exit(result["exit_code"])
-
-
-@app.command()
-def run(
-    agent_dir: Annotated[str, typer.Argument(
-        help="Agent package directory (ADK, or LangGraph: exposes graph or has langgraph.json)")],
-    evalset: Annotated[list[str], typer.Argument(help=(
-        "Eval set(s) as adk eval takes them: FILE, FILE:ID,ID, an eval set id of the agent, "
-        "or a directory of *.test.json files"))],
-    config: Annotated[str | None, typer.Option(
-        help="test_config.json for every eval set (default: the one beside each)")] = None,
-    store: StoreOpt = ".evalsnap",
-    storage_option: OptionOpt = None,
-    reuse: Annotated[bool, typer.Option(help="Reuse complete, compatible earlier work")] = False,
-    force: Annotated[bool, typer.Option(help="Score again although a reusable result exists")] = False,
-    metric: Annotated[list[str] | None, typer.Option(help="Only this metric (repeatable)")] = None,
-    case: Annotated[list[str] | None, typer.Option(help="Only this eval_id (repeatable)")] = None,
-    repetitions: Annotated[int, typer.Option(help="Runs of the agent per case")] = 1,
-    agent_name: Annotated[str | None, typer.Option(
-        help="Evaluate this sub-agent instead of the root agent")] = None,
-    initial_session_file: Annotated[str | None, typer.Option(
-        help="Initial session of old-format *.test.json files (as AgentEvaluator's)")] = None,
-    task_runner: RunnerOpt = None,
-    dask_address: DaskAddressOpt = None,
-    baseline: BaselineOpt = None,
-    tolerance: ToleranceOpt = 0.0,
-    fail_on: FailOnOpt = "quality",
-    framework: Annotated[Literal["adk", "langgraph"] | None, typer.Option(
-        help="The agent's framework; default: detected from AGENT_DIR")] = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Run the agent on every case, freeze, score, publish (one record per eval set)."""
-    from flows.evaluate import evaluate
-
-    _flow_command(evaluate, storage_option, as_json, agent_dir=agent_dir,
-                  evalset=evalset[0] if len(evalset) == 1 else evalset,
-                  config=config, store=store, reuse=reuse, force=force, metrics=metric,
-                  cases=case, repetitions=repetitions, task_runner=task_runner,
-                  dask_address=dask_address, agent_name=agent_name,
-                  initial_session_file=initial_session_file, baseline=baseline or "",
-                  tolerance=tolerance, fail_on=fail_on, framework=framework or "")
-
-
-@app.command()
-def rescore(
-    run_or_snapshot: Annotated[str, typer.Argument(help="Run id, record id, snapshot id or 'latest'")],
-    evalset: Annotated[str | None, typer.Option(help="Edited .evalset.json")] = None,
-    config: Annotated[str | None, typer.Option(help="test_config.json")] = None,
-    store: StoreOpt = ".evalsnap",
-    storage_option: OptionOpt = None,
-    reuse: Annotated[bool, typer.Option(help="Reuse complete, compatible units")] = False,
-    force: Annotated[bool, typer.Option(help="Score every unit again")] = False,
-    metric: Annotated[list[str] | None, typer.Option(help="Only this metric (repeatable)")] = None,
-    case: Annotated[list[str] | None, typer.Option(help="Only this eval_id (repeatable)")] = None,
-    code_path: Annotated[list[str] | None, typer.Option(help="Directory to import custom metrics from")] = None,
-    agent: Annotated[str | None, typer.Option(
-        "--agent", help="Agent package to import first, as a run does (never called)")] = None,
-    agent_name: Annotated[str | None, typer.Option(help="Sub-agent of --agent")] = None,
-    task_runner: RunnerOpt = None,
-    dask_address: DaskAddressOpt = None,
-    baseline: BaselineOpt = None,
-    tolerance: ToleranceOpt = 0.0,
-    fail_on: FailOnOpt = "quality",
-    as_json: JsonOpt = False,
-) -> None:
-    """Score frozen inference again with new references or rules; never calls the agent."""
-    from flows.rescore import rescore as rescore_flow
-
-    paths = list(code_path or [])
-    if evalset and not paths:
-        # custom metrics usually live in the agent package beside the eval set
-        paths = [os.path.dirname(os.path.dirname(os.path.abspath(evalset)))]
-    _flow_command(rescore_flow, storage_option, as_json, run_or_snapshot=run_or_snapshot,
-                  evalset=evalset, config=config, store=store, reuse=reuse, force=force,
-                  metrics=metric, cases=case, code_paths=paths, task_runner=task_runner,
-                  dask_address=dask_address, agent=agent, agent_name=agent_name,
-                  baseline=baseline or "", tolerance=tolerance, fail_on=fail_on)
-
-
-@app.command()
-def show(
-    record: Annotated[str, typer.Argument(help="Run id, record id or 'latest'")],
-    store: StoreOpt = ".evalsnap",
-    storage_option: OptionOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Show a record with everything it links resolved."""
-    from evalsnap.reports.show import full_record
-
-    with _handled():
-        s = _open_store(store, storage_option)
-        oid, rec = repo.resolve_record(s, record)
-        if as_json:
-            sys.stdout.write(json.dumps(full_record(s, oid, rec), default=str) + "\n")
-        else:
-            _emit(summary(s, oid, rec), False)
-
-
-# Commands of each area live in their own module and register on ``app``.
-from evalsnap.cli import inspect as cli_inspect  # noqa: E402,F401
-from evalsnap.cli import judge as cli_judge  # noqa: E402,F401
-from evalsnap.cli import report as cli_report  # noqa: E402,F401
-from evalsnap.cli import store as cli_store  # noqa: E402,F401
+__all__ = ["main"]
 
 
 def main() -> None:
@@ -316,29 +37,55 @@ def main() -> None:
     run (Prefect's log and event flushes, stopping the temporary API), and output is
     flushed; then the process exits at once. Python's own teardown of a process that has
     imported ADK and Prefect (~650,000 objects) takes 1-2 s and does nothing that
-    outlives the process.
+    outlives the process. Every exit code comes from :mod:`evalsnap.exitcodes`.
     """
+    from evalsnap import startup
+
+    startup.cli_start(sys.argv)  # before the heavy imports below (ADK, then Prefect)
     import atexit
     import threading
 
-    from evalsnap import settings
+    from rich.markup import escape
 
+    from evalsnap import errors, exitcodes, settings
+    from evalsnap.cli._app import app, crash_message, err
+    from evalsnap.cli.signals import install_process_handlers, result_printed
+
+    install_process_handlers()
     try:
         settings.get()  # a bad EVALSNAP_* value is a usage error, whatever the command
     except errors.UsageError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        startup.leave_now(EXIT_USAGE)
+        startup.leave_now(exitcodes.exit_code(exitcodes.Failed(exc)))
+    code: Any
     try:
         app()
-        code: Any = 0
+        code = None
     except SystemExit as exc:
         code = exc.code
-    if isinstance(code, str):  # SystemExit("message") prints the message and exits 1
-        sys.stderr.write(code + "\n")
-        code = 1
+    except Exception as exc:  # noqa: BLE001 - outside a command's own handling: still a crash
+        crash_message(exc)
+        code = exitcodes.exit_code(exitcodes.Failed(exc))
+    if code is not None and not isinstance(code, int):  # SystemExit("message") prints it
+        sys.stderr.write(f"{code}\n")
+    code = exitcodes.of_system_exit(code)
+    result_printed(code)  # a signal from now on ends the process with this code
     shutdown = getattr(threading, "_shutdown", None)  # joins what the interpreter would join
     if shutdown is not None:
         shutdown()
     atexit._run_exitfuncs()
-    startup.leave_now(code if isinstance(code, int) else 0)
+    startup.leave_now(code)
 
+
+def __getattr__(name: str) -> Any:
+    """The typer app's names (``evalsnap.cli.app``, ``_handled``, the shared options…), from
+    :mod:`evalsnap.cli._app`, imported on first use."""
+    if name.startswith("__") or name == "_app":  # the submodule itself: the import system's
+        raise AttributeError(name)
+    import importlib
+
+    app_module = importlib.import_module("evalsnap.cli._app")
+    try:
+        return getattr(app_module, name)
+    except AttributeError:
+        raise AttributeError(f"module 'evalsnap.cli' has no attribute {name!r}") from None

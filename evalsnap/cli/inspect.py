@@ -1,4 +1,4 @@
-"""CLI commands: explain, diff, ls. Registered on ``evalsnap.cli.app``."""
+"""CLI commands: explain, diff, ls. Registered on ``evalsnap.cli._app.app``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from typing import Annotated, Any
 
 import typer
 
-from evalsnap.cli import JsonOpt, OptionOpt, StoreOpt, _handled, _open_store, _print_json, app, out
+from evalsnap import exitcodes
+from evalsnap.cli._app import JsonOpt, OptionOpt, StoreOpt, _handled, _open_store, _print_json, app, out
 from evalsnap.records import repo
 
 
@@ -58,8 +59,8 @@ def diff(
         out.print(diff_table(result, all_rows=all_rows))
     else:
         out.print(nothing_moved(result))
-    if fail_on_change and moved(result):
-        raise typer.Exit(1)
+    if fail_on_change:
+        raise typer.Exit(exitcodes.exit_code(exitcodes.Findings(found=moved(result))))
 
 
 @app.command(name="ls")

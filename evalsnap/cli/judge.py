@@ -1,4 +1,4 @@
-"""CLI commands: replay. Registered on ``evalsnap.cli.app``."""
+"""CLI commands: replay. Registered on ``evalsnap.cli._app.app``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from evalsnap.cli import JsonOpt, OptionOpt, StoreOpt, _emit, _handled, _open_store, app
+from evalsnap.cli._app import JsonOpt, OptionOpt, StoreOpt, _emit, _handled, _open_store, app
 
 
 @app.command()

@@ -1,4 +1,4 @@
-"""CLI commands: report, history. Registered on ``evalsnap.cli.app``."""
+"""CLI commands: report, history. Registered on ``evalsnap.cli._app.app``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from evalsnap import errors
-from evalsnap.cli import JsonOpt, OptionOpt, StoreOpt, _handled, _open_store, _print_json, app, out
+from evalsnap.cli._app import JsonOpt, OptionOpt, StoreOpt, _handled, _open_store, _print_json, app, out
 from evalsnap.records import repo
 
 

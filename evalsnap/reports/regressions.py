@@ -10,13 +10,13 @@ counted as ``not_compared``, never as a regression.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from evalsnap.reports.summary import EXIT_INCOMPLETE, EXIT_OK, EXIT_QUALITY
+from evalsnap import exitcodes
 
 __all__ = ["FAIL_ON", "FailOn", "compare", "gate", "gate_message", "verdict"]
 
-FailOn = Literal["quality", "incomplete", "regression", "never"]
+FailOn = exitcodes.FailOn
 FAIL_ON: tuple[str, ...] = ("quality", "incomplete", "regression", "never")
 #: How many case ids a one-line message names before "…".
 FIRST = 3
@@ -84,23 +84,11 @@ def verdict(part: dict[str, Any]) -> dict[str, list[str]]:
     return {"failed": failed, "incomplete": incomplete}
 
 
-def _holds(part: dict[str, Any], fail_on: str) -> bool:
-    if fail_on == "quality":
-        return part["exit_code"] != EXIT_OK
-    if fail_on == "incomplete":
-        return not part["complete"]
-    if fail_on == "regression":
-        return bool(part.get("regressions"))
-    return False
-
-
 def _exit(part: dict[str, Any], fail_on: str) -> int:
-    """The command's exit code for one record under ``fail_on`` (the README's table)."""
-    if fail_on == "quality":
-        return int(part["exit_code"])
-    if not _holds(part, fail_on):
-        return EXIT_OK
-    return EXIT_INCOMPLETE if fail_on == "incomplete" else EXIT_QUALITY
+    """The command's exit code for one record under ``fail_on`` (:mod:`evalsnap.exitcodes`)."""
+    return exitcodes.exit_code(exitcodes.Verdict(
+        complete=part["complete"], passed=part["passed"],
+        regressed=bool(part.get("regressions")), fail_on=fail_on))  # type: ignore[arg-type]
 
 
 def gate_message(part: dict[str, Any]) -> str:
@@ -129,13 +117,12 @@ def gate(result: dict[str, Any], fail_on: str) -> tuple[dict[str, Any], str | No
         raise UsageError(f"--fail-on {fail_on!r} is unknown; choose one of {list(FAIL_ON)}.")
     parts = list(result["runs"]) if "runs" in result else [result]
     gated = [{**p, "fail_on": fail_on, "exit_code": _exit(p, fail_on)} for p in parts]
-    failing = [p for p in gated if _holds(p, fail_on)]
+    failing = [p for p in gated if p["exit_code"] != exitcodes.ExitCode.OK]
     message = None
     if failing:
         what = {"quality": "NOT PASSED", "incomplete": "INCOMPLETE", "regression": "REGRESSED"}[fail_on]
         message = f"{what} (fail_on={fail_on}): " + " | ".join(gate_message(p) for p in failing)
     if "runs" not in result:
         return gated[0], message
-    order = {EXIT_OK: 0, EXIT_QUALITY: 1, EXIT_INCOMPLETE: 2}
-    worst = max((p["exit_code"] for p in gated), key=lambda c: order.get(c, 3))
+    worst = exitcodes.worst(p["exit_code"] for p in gated)
     return {**result, "fail_on": fail_on, "exit_code": worst, "runs": gated}, message

@@ -2,16 +2,16 @@
 
 Records stay per eval set (``latest``, ``diff`` and ``explain`` compare records of one eval
 set, each with its own rules); the flow's result names every record and gives the worst
-exit code of them: incomplete (3) over a quality failure (1) over passed (0).
+exit code of them (:func:`evalsnap.exitcodes.worst`): incomplete (3) over a quality failure
+(1) over passed (0).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from evalsnap.reports.summary import EXIT_INCOMPLETE, EXIT_OK, EXIT_QUALITY
+from evalsnap.exitcodes import worst
 
-_SEVERITY = {EXIT_OK: 0, EXIT_QUALITY: 1, EXIT_INCOMPLETE: 2}
 _TOTALS = ("agent_calls", "judge_calls", "reused_judge_samples", "reused_units", "scored_units")
 
 
@@ -19,14 +19,14 @@ def combined(results: list[dict[str, Any]]) -> dict[str, Any]:
     """The result of a run: the single eval set's own, or ``runs`` with the totals."""
     if len(results) == 1:
         return results[0]
-    worst = max((r["exit_code"] for r in results), key=lambda c: _SEVERITY.get(c, 3))
     return {
         "kind": results[0]["kind"], "eval_set_ids": [r["eval_set_id"] for r in results],
         "run_ids": [r["run_id"] for r in results],
         "record_ids": [r["record_id"] for r in results],
         **{key: sum(r.get(key) or 0 for r in results) for key in _TOTALS},
         "complete": all(r["complete"] for r in results),
-        "passed": all(r["passed"] for r in results), "exit_code": worst,
+        "passed": all(r["passed"] for r in results),
+        "exit_code": worst(r["exit_code"] for r in results),
         "runs": results,
     }
 

@@ -1,19 +1,24 @@
-"""Summaries of records: the ``--json`` object, the score table, exit codes."""
+"""Summaries of records: the ``--json`` object and the score table (its ``exit_code`` is
+:mod:`evalsnap.exitcodes`'s)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from evalsnap import exitcodes
 from evalsnap.records import EvaluationRecord, InferenceRef, ScoreUnit, repo
 from evalsnap.records.record import TokenCounts
 
-EXIT_OK, EXIT_QUALITY, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
+# The codes by their old names, for the modules that still import them from here.
+EXIT_OK, EXIT_QUALITY, EXIT_USAGE, EXIT_INCOMPLETE = (int(c) for c in (
+    exitcodes.ExitCode.OK, exitcodes.ExitCode.QUALITY, exitcodes.ExitCode.USAGE,
+    exitcodes.ExitCode.INCOMPLETE))
 
 
 def exit_code(record: EvaluationRecord) -> int:
-    if not record.summary.complete:
-        return EXIT_INCOMPLETE
-    return EXIT_OK if record.summary.passed else EXIT_QUALITY
+    """The record's own exit code (``--fail-on quality``)."""
+    return exitcodes.exit_code(exitcodes.Verdict(complete=record.summary.complete,
+                                                 passed=record.summary.passed))
 
 
 def load_units(store: Any, record: EvaluationRecord) -> dict[str, ScoreUnit]:

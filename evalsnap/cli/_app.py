@@ -1,0 +1,352 @@
+"""The ``evalsnap`` command line: the typer app, shared options, ``run``, ``rescore``, ``show``.
+
+Imported by ``evalsnap.cli.main`` once its start-up tricks have run (:mod:`evalsnap.startup`);
+``evalsnap.cli`` itself stays light and re-exports these names."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any, Literal
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from evalsnap import errors, exitcodes
+from evalsnap.records import repo
+from evalsnap.reports.summary import score_table, summary
+
+app: typer.Typer = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Auditable, reusable evaluations of Google ADK agents.")
+err: Console = Console(stderr=True)
+out: Console = Console()
+
+StoreOpt = Annotated[str, typer.Option("--store", envvar="EVALSNAP_STORE",
+                                       help="Store URL: local path, s3://…, gs://…")]
+OptionOpt = Annotated[list[str] | None, typer.Option(
+    "--storage-option", help="KEY=VALUE passed to the fsspec backend (repeatable)")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout")]
+RunnerOpt = Annotated[str | None, typer.Option(
+    "--task-runner", envvar="EVALSNAP_TASK_RUNNER",
+    help="Where tasks run: threads (default) or dask (local cluster, or --dask-address)")]
+DaskAddressOpt = Annotated[str | None, typer.Option(
+    "--dask-address", envvar="EVALSNAP_DASK_ADDRESS",
+    help="Existing Dask scheduler, e.g. tcp://host:8786 (implies --task-runner dask)")]
+BaselineOpt = Annotated[str | None, typer.Option(
+    "--baseline", metavar="REF",
+    help="Compare with this run or record of the same eval set, or 'latest' (the newest "
+         "full run of it): the summary lists regressions and fixes")]
+ToleranceOpt = Annotated[float, typer.Option(
+    "--tolerance", min=0.0,
+    help="With --baseline: a score drop of more than this is a regression too (default 0: "
+         "only PASSED → FAILED and complete → incomplete are)")]
+FailOnOpt = Annotated[Literal["quality", "incomplete", "regression", "never"], typer.Option(
+    "--fail-on",
+    help="What makes the exit code non-zero: quality (default: 1 a quality failure, 3 "
+         "incomplete), incomplete (3), regression (1, needs --baseline), never")]
+
+
+def _storage_options(pairs: list[str] | None) -> dict[str, str]:
+    """``--storage-option KEY=VALUE`` pairs as a dict; whether the backend takes each key
+    is checked when the store is opened (an unknown one is exit 2 naming it)."""
+    opts = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise errors.UsageError(f"--storage-option {pair!r} must look like KEY=VALUE, "
+                                    "e.g. --storage-option endpoint_url=http://127.0.0.1:9000.")
+        opts[key.strip()] = value
+    return opts
+
+
+def _open_store(url: str, storage_option: list[str] | None, *, write: bool = False) -> Any:
+    """Configures ``--storage-option`` for ``url`` in this process, opens the store and
+    probes it: for reading only unless the command writes (``write``), so read-only
+    credentials and mounts serve every command that only reads."""
+    repo.configure_store(url, _storage_options(storage_option))
+    store = repo.open_store(url)
+    store.check(write=write)
+    return store
+
+
+def _print_json(value: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(value, default=str) + "\n")
+    sys.stdout.flush()
+
+
+@contextmanager
+def _handled() -> Iterator[None]:
+    """Typed errors become a message on stderr and their code (2); anything else is an
+    internal error (:func:`crash_message`, code 4): :mod:`evalsnap.exitcodes`."""
+
+    try:
+        yield
+    except errors.EvalsnapError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(exitcodes.exit_code(exitcodes.Failed(exc))) from None
+    except (typer.Exit, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a crash is never a quality verdict
+        crash_message(exc)
+        raise typer.Exit(exitcodes.exit_code(exitcodes.Failed(exc))) from None
+
+
+def crash_message(exc: BaseException) -> None:
+    """The traceback and one line on stderr for an internal error: what was published."""
+    import traceback
+
+    from evalsnap.pipeline.commits import published
+
+    traceback.print_exception(exc, file=sys.stderr)
+    done = ", ".join(f"{p.record_oid} ({p.eval_set_id})" for p in published())
+    what = (f"records {done} were published before it, and nothing else was" if done
+            else "nothing partial was published")
+    err.print(f"[red]internal error:[/] {escape(f'{type(exc).__name__}: {exc}')}; the run is "
+              f"incomplete ({escape(what)}). Please report it with the traceback above.",
+              highlight=False, soft_wrap=True)
+
+
+def _emit(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(result, sort_keys=False, default=str) + "\n")
+        sys.stdout.flush()
+    else:
+        from evalsnap.reports.suite import parts
+
+        for part in parts(result):
+            out.print(score_table(part))
+            out.print(f"record {part['record_id']}  snapshot {part['snapshot_id']}")
+
+
+@contextmanager
+def _progress(enabled: bool) -> Iterator[None]:
+    """A progress bar on stderr for the stages the flow announces (``pipeline.progress``)."""
+    if not enabled:
+        yield
+        return
+    from rich.progress import Progress
+
+    from evalsnap.pipeline import progress
+
+    with Progress(console=err, transient=True) as bar:
+        ids: dict[str, Any] = {}
+
+        def show(stage: str, advance: int, total: int | None) -> None:
+            if stage not in ids:
+                ids[stage] = bar.add_task(stage, total=total)
+            if total is not None:
+                bar.update(ids[stage], total=total)
+            if advance:
+                bar.advance(ids[stage], advance)
+
+        unsubscribe = progress.subscribe(show)
+        try:
+            yield
+        finally:
+            unsubscribe()
+
+
+def _metrics_in(config: str | None, evalset: str | list[str] | None) -> list[str]:
+    """The metric names a config file lists, read cheaply (only to preload what they need;
+    the flow plans and validates the run, and reports what is wrong with the file)."""
+    from evalsnap.adk.config import read_config_file
+    from evalsnap.adk.targets import default_config_path
+
+    first = evalset[0] if isinstance(evalset, list) and evalset else evalset
+    path = config or (default_config_path(first.split(":")[0])
+                      if isinstance(first, str) else None)
+    try:
+        criteria = read_config_file(path)[0].get("criteria") if path else None
+    except errors.EvalsnapError:
+        return []
+    return [str(name) for name in criteria] if isinstance(criteria, dict) else []
+
+
+def _run_flow(flow_fn: Any, preload: list[str], storage_option: list[str] | None,
+              progress: bool, **params: Any) -> dict[str, Any]:
+    """Runs a flow in this process (:func:`evalsnap.api.run_flow`); returns its summary.
+    SIGINT, SIGTERM and SIGHUP stop it within seconds (:mod:`evalsnap.cli.signals`)."""
+    from evalsnap.api import check_store_url
+    from evalsnap.cli.signals import run_stoppable
+
+    check_store_url(params["store"])  # before the temporary API is waited for
+    return run_stoppable(_in_this_process, flow_fn, preload,
+                         storage_options=_storage_options(storage_option),
+                         progress=_progress(progress), **params)
+
+
+def _in_this_process(flow_fn: Any, preload: list[str], **kwargs: Any) -> dict[str, Any]:
+    """The CLI's own part of a flow run: its console (ADK's warnings and Prefect's tracebacks
+    of typed errors, which the CLI prints once itself, kept off stderr), and the start-up
+    work that overlaps the temporary API's start (:mod:`evalsnap.startup`)."""
+    import logging
+
+    from evalsnap import startup
+    from evalsnap.api import run_flow
+
+    logging.getLogger("google_adk").setLevel(logging.ERROR)
+    flow_runs = logging.getLogger("prefect.flow_runs")
+    if not any(isinstance(f, _TypedErrorsPrintedOnce) for f in flow_runs.filters):
+        flow_runs.addFilter(_TypedErrorsPrintedOnce())
+    # While the temporary API is still starting: first what the flow's start needs, then,
+    # in the background, what its metrics will (this thread is idle until the API answers).
+    startup.prestart_ephemeral_api()  # a no-op if main started it (or PREFECT_API_URL is set)
+    startup.remember_missing()  # ADK's agent runs retry a missing optional import per call
+    startup.preload_flow_engine()
+    startup.preload(preload)
+    startup.wait_for_ephemeral_api()
+    return run_flow(flow_fn, **kwargs)
+
+
+class _TypedErrorsPrintedOnce:
+    """A logging filter that drops Prefect's traceback of a typed error (bad input found
+    while the flow plans): the flow run still ends Failed with the error, which the CLI
+    prints once."""
+
+    def filter(self, record: Any) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, errors.EvalsnapError)
+
+
+@contextmanager
+def _stdout_kept_for_json(enabled: bool) -> Iterator[None]:
+    """With ``--json``, stdout holds the one JSON object alone: while the flow runs, file
+    descriptor 1 is the terminal's stderr, so whatever user code prints (a metric, a tool,
+    the agent) — in this process or in a scoring process it starts — goes to stderr."""
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _flow_command(flow_fn: Any, storage_option: list[str] | None, as_json: bool,
+                  **params: Any) -> None:
+    """Runs a flow command: the flow, its summary printed, the exit code of its gate."""
+    from evalsnap.cli.signals import result_printed
+
+    with _handled(), _stdout_kept_for_json(as_json):
+        # With --reuse (and no --force) most units usually come from earlier runs, and
+        # preloading only competes with the run for the interpreter.
+        preload = (_metrics_in(params["config"], params["evalset"])
+                   if params["force"] or not params["reuse"] else [])
+        result = _run_flow(flow_fn, preload, storage_option, not as_json and err.is_terminal,
+                           **params)
+    _emit(result, as_json)
+    code = int(result["exit_code"])
+    result_printed(code)  # from now on a signal ends the process with the printed code
+    raise typer.Exit(code)
+
+
+@app.command()
+def run(
+    agent_dir: Annotated[str, typer.Argument(
+        help="Agent package directory (ADK, or LangGraph: exposes graph or has langgraph.json)")],
+    evalset: Annotated[list[str], typer.Argument(help=(
+        "Eval set(s) as adk eval takes them: FILE, FILE:ID,ID, an eval set id of the agent, "
+        "or a directory of *.test.json files"))],
+    config: Annotated[str | None, typer.Option(
+        help="test_config.json for every eval set (default: the one beside each)")] = None,
+    store: StoreOpt = ".evalsnap",
+    storage_option: OptionOpt = None,
+    reuse: Annotated[bool, typer.Option(help="Reuse complete, compatible earlier work")] = False,
+    force: Annotated[bool, typer.Option(help="Score again although a reusable result exists")] = False,
+    metric: Annotated[list[str] | None, typer.Option(help="Only this metric (repeatable)")] = None,
+    case: Annotated[list[str] | None, typer.Option(help="Only this eval_id (repeatable)")] = None,
+    repetitions: Annotated[int, typer.Option(help="Runs of the agent per case")] = 1,
+    agent_name: Annotated[str | None, typer.Option(
+        help="Evaluate this sub-agent instead of the root agent")] = None,
+    initial_session_file: Annotated[str | None, typer.Option(
+        help="Initial session of old-format *.test.json files (as AgentEvaluator's)")] = None,
+    task_runner: RunnerOpt = None,
+    dask_address: DaskAddressOpt = None,
+    baseline: BaselineOpt = None,
+    tolerance: ToleranceOpt = 0.0,
+    fail_on: FailOnOpt = "quality",
+    framework: Annotated[Literal["adk", "langgraph"] | None, typer.Option(
+        help="The agent's framework; default: detected from AGENT_DIR")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run the agent on every case, freeze, score, publish (one record per eval set)."""
+    from flows.evaluate import evaluate
+
+    _flow_command(evaluate, storage_option, as_json, agent_dir=agent_dir,
+                  evalset=evalset[0] if len(evalset) == 1 else evalset,
+                  config=config, store=store, reuse=reuse, force=force, metrics=metric,
+                  cases=case, repetitions=repetitions, task_runner=task_runner,
+                  dask_address=dask_address, agent_name=agent_name,
+                  initial_session_file=initial_session_file, baseline=baseline or "",
+                  tolerance=tolerance, fail_on=fail_on, framework=framework or "")
+
+
+@app.command()
+def rescore(
+    run_or_snapshot: Annotated[str, typer.Argument(help="Run id, record id, snapshot id or 'latest'")],
+    evalset: Annotated[str | None, typer.Option(help="Edited .evalset.json")] = None,
+    config: Annotated[str | None, typer.Option(help="test_config.json")] = None,
+    store: StoreOpt = ".evalsnap",
+    storage_option: OptionOpt = None,
+    reuse: Annotated[bool, typer.Option(help="Reuse complete, compatible units")] = False,
+    force: Annotated[bool, typer.Option(help="Score every unit again")] = False,
+    metric: Annotated[list[str] | None, typer.Option(help="Only this metric (repeatable)")] = None,
+    case: Annotated[list[str] | None, typer.Option(help="Only this eval_id (repeatable)")] = None,
+    code_path: Annotated[list[str] | None, typer.Option(help="Directory to import custom metrics from")] = None,
+    agent: Annotated[str | None, typer.Option(
+        "--agent", help="Agent package to import first, as a run does (never called)")] = None,
+    agent_name: Annotated[str | None, typer.Option(help="Sub-agent of --agent")] = None,
+    task_runner: RunnerOpt = None,
+    dask_address: DaskAddressOpt = None,
+    baseline: BaselineOpt = None,
+    tolerance: ToleranceOpt = 0.0,
+    fail_on: FailOnOpt = "quality",
+    as_json: JsonOpt = False,
+) -> None:
+    """Score frozen inference again with new references or rules; never calls the agent."""
+    from flows.rescore import rescore as rescore_flow
+
+    paths = list(code_path or [])
+    if evalset and not paths:
+        # custom metrics usually live in the agent package beside the eval set
+        paths = [os.path.dirname(os.path.dirname(os.path.abspath(evalset)))]
+    _flow_command(rescore_flow, storage_option, as_json, run_or_snapshot=run_or_snapshot,
+                  evalset=evalset, config=config, store=store, reuse=reuse, force=force,
+                  metrics=metric, cases=case, code_paths=paths, task_runner=task_runner,
+                  dask_address=dask_address, agent=agent, agent_name=agent_name,
+                  baseline=baseline or "", tolerance=tolerance, fail_on=fail_on)
+
+
+@app.command()
+def show(
+    record: Annotated[str, typer.Argument(help="Run id, record id or 'latest'")],
+    store: StoreOpt = ".evalsnap",
+    storage_option: OptionOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a record with everything it links resolved."""
+    from evalsnap.reports.show import full_record
+
+    with _handled():
+        s = _open_store(store, storage_option)
+        oid, rec = repo.resolve_record(s, record)
+        if as_json:
+            sys.stdout.write(json.dumps(full_record(s, oid, rec), default=str) + "\n")
+        else:
+            _emit(summary(s, oid, rec), False)
+
+
+# Commands of each area live in their own module and register on ``app``.
+from evalsnap.cli import inspect as cli_inspect  # noqa: E402,F401
+from evalsnap.cli import judge as cli_judge  # noqa: E402,F401
+from evalsnap.cli import report as cli_report  # noqa: E402,F401
+from evalsnap.cli import store as cli_store  # noqa: E402,F401
