@@ -31,7 +31,7 @@ from evalsnap.adk._describe import is_secret_name
 from evalsnap.errors import ConfigError, InputFileError
 
 __all__ = ["DeclaredInputs", "changes", "declare", "declared_inputs", "dotenv_values_of",
-           "file_hash", "is_secret_name", "read_declared", "resolve_declared"]
+           "file_hash", "forget_declared", "is_secret_name", "read_declared", "resolve_declared"]
 
 CONFIG_KEY = "evalsnapIdentity"
 _FORMAT = (f'"{CONFIG_KEY}": {{"env": ["MY_VAR"], "files": ["../prompts/*.md"]}} (variables '
@@ -158,6 +158,13 @@ def declare(inputs: DeclaredInputs) -> None:
 def declared_inputs() -> tuple[DeclaredInputs, ...]:
     with _lock:
         return tuple(_declared)
+
+
+def forget_declared() -> None:
+    """Forgets every declaration (for a process that runs several unrelated commands, such
+    as a test running the CLI in its own process)."""
+    with _lock:
+        _declared.clear()
 
 
 def versions() -> dict[str, str]:
