@@ -69,10 +69,9 @@ def test_second_write_is_a_noop(store: Store, backend: Any) -> None:
     assert list(store.iter_objects(KIND)) == [oid]
     if stat_before is not None:
         stat_after = os.stat(store.object_url(KIND, oid))
-        assert (stat_after.st_ino, stat_after.st_mtime_ns) == (
-            stat_before.st_ino,
-            stat_before.st_mtime_ns,
-        )
+        # not written again (same file), only freshened for gc (docs/gc.md)
+        assert stat_after.st_ino == stat_before.st_ino
+        assert stat_after.st_mtime_ns >= stat_before.st_mtime_ns
 
 
 def test_concurrent_thread_writers_store_one_object(store: Store, backend: Any) -> None:
