@@ -2,8 +2,10 @@
 
 The page needs nothing but itself: inline CSS, inline SVG charts, no script, and a
 Content-Security-Policy that forbids every fetch, so a page that tried to load anything
-would say so in the browser's console. Every string read from the store is escaped
-(:func:`html.escape`), so a crafted eval case cannot inject markup. Content: the run's
+would say so in the browser's console. The markup is a jinja2 template
+(``templates/report.html``) with autoescaping: every value is escaped by jinja2, none is
+marked safe, so a crafted eval case cannot inject markup; this module only prepares the
+values (plain data, no HTML). Content: the run's
 header, pass rate and mean score per metric with their trend over the last runs of the
 eval set (:mod:`evalsnap.reports.history`), then every case — regressed and failing ones
 first — with its conversation, its units, their per-invocation rows and the judge ledger
@@ -15,10 +17,12 @@ Every run publishes its page into the store beside its record (:func:`store_repo
 
 from __future__ import annotations
 
-import html
+import functools
 import json
 from pathlib import Path
 from typing import Any
+
+import jinja2
 
 from evalsnap.errors import EvalsnapError
 from evalsnap.records import EvaluationRecord, repo
@@ -28,37 +32,6 @@ from evalsnap.reports.show import full_record
 #: Runs of the eval set the trend shows, this one included.
 TREND_RUNS = 10
 
-_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
-_CSS = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1200px;
-padding:16px 24px;color:#1f2328;background:#fff}
-h1{font-size:22px;margin:4px 0 12px}h2{font-size:17px;margin:22px 0 8px;border-bottom:1px solid #d0d7de}
-code,pre{font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,monospace}
-pre{white-space:pre-wrap;word-break:break-word;background:#f6f8fa;padding:8px;margin:4px 0;
-max-height:420px;overflow:auto}
-dl.facts{display:grid;grid-template-columns:max-content 1fr max-content 1fr;gap:2px 14px;margin:0}
-dl.facts dt{color:#59636e}dl.facts dd{margin:0;word-break:break-all}
-table{border-collapse:collapse;width:100%;margin:4px 0}
-th,td{border-bottom:1px solid #e5e7eb;padding:3px 8px;text-align:left;vertical-align:top}
-th{background:#f6f8fa;font-weight:600}td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
-.badge{display:inline-block;border-radius:10px;padding:0 8px;font-size:12px;font-weight:600;
-color:#fff;background:#6e7781}
-.PASSED,.passed{background:#1a7f37}.FAILED,.failed{background:#cf222e}
-.NOT_EVALUATED,.incomplete{background:#9a6700}.INFORMATIONAL{background:#0969da}
-.regressed{background:#8250df}.fixed{background:#0969da}
-details.case{border:1px solid #d0d7de;border-radius:6px;margin:6px 0;padding:4px 10px}
-details.case>summary{cursor:pointer;font-weight:600}
-details details{margin:2px 0 2px 14px}summary{cursor:pointer}
-.muted{color:#59636e}.counts span{margin-right:14px}
-svg.trend{vertical-align:middle}svg.trend .band{fill:#f6f8fa}svg.trend polyline{fill:none;
-stroke:#0969da;stroke-width:1.5}svg.trend circle{fill:#0969da}svg.trend circle.now{fill:#cf222e}
-"""
-
-
-def e(value: Any) -> str:
-    """Text for the page: every value from the store goes through here."""
-    return html.escape("" if value is None else str(value), quote=True)
-
 
 def num(value: float | None, digits: int = 3) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
@@ -66,6 +39,21 @@ def num(value: float | None, digits: int = 3) -> str:
 
 def pct(value: float | None) -> str:
     return "—" if value is None else f"{100 * value:.1f}%"
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+@functools.cache
+def _template() -> jinja2.Template:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("evalsnap.reports", "templates"),
+        autoescape=jinja2.select_autoescape(["html"], default=True),
+        finalize=lambda value: "" if value is None else value,  # as str(None) never shows
+        keep_trailing_newline=True)
+    env.filters.update(num=num, pct=pct, text=lambda v: "" if v is None else str(v))
+    return env.get_template("report.html")
 
 
 def report_name(record_oid: str) -> str:
@@ -111,26 +99,21 @@ def changes(store: Any, record_oid: str, record: EvaluationRecord,
     return out, base.run_id
 
 
-def sparkline(metric: str, points: list[dict[str, Any]], width: int = 170, height: int = 34) -> str:
-    """An inline SVG of a metric's pass rate over ``points`` (0-100 %, this run in red)."""
+def _dots(metric: str, points: list[dict[str, Any]], width: int = 170,
+          height: int = 34) -> list[dict[str, Any]]:
+    """The sparkline of a metric's pass rate over ``points`` (0-100 %, the last is this run)."""
     values = [(p, p["metrics"][metric]) for p in points if metric in p["metrics"]]
     pad, inner_w, inner_h = 4, width - 8, height - 8
     step = inner_w / max(len(values) - 1, 1)
-    coords, dots = [], []
+    dots = []
     for i, (p, s) in enumerate(values):
         rate = s["pass_rate"] or 0.0
         x, y = pad + (i * step if len(values) > 1 else inner_w / 2), pad + (1 - rate) * inner_h
-        coords.append(f"{x:.1f},{y:.1f}")
-        now = ' class="now"' if i == len(values) - 1 else ""
-        dots.append(f'<circle{now} cx="{x:.1f}" cy="{y:.1f}" r="2.5" data-run="{e(p["run_id"])}" '
-                    f'data-pass-rate="{s["pass_rate"]}"><title>{e(p["created_at"][:16])} '
-                    f'{e(p["run_id"])}: {pct(s["pass_rate"])} ({s["passed"]}/{s["units"]}), '
-                    f'mean {num(s["mean_score"])}</title></circle>')
-    line = f'<polyline points="{" ".join(coords)}"/>' if len(coords) > 1 else ""
-    return (f'<svg class="trend" data-trend="{e(metric)}" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" role="img" aria-label="pass rate of {e(metric)} '
-            f'over {len(values)} run(s)"><rect class="band" x="0" y="0" width="{width}" '
-            f'height="{height}"/>{line}{"".join(dots)}</svg>')
+        dots.append({"x": f"{x:.1f}", "y": f"{y:.1f}", "run_id": p["run_id"],
+                     "pass_rate": s["pass_rate"], "pass_rate_attr": str(s["pass_rate"]),
+                     "created_at": p["created_at"],
+                     "passed": s["passed"], "units": s["units"], "mean_score": s["mean_score"]})
+    return dots
 
 
 def _text(content: Any) -> str:
@@ -150,77 +133,47 @@ def _tools(invocation: dict[str, Any] | None) -> str:
                      for c in calls if isinstance(c, dict))
 
 
-def _conversation(case: dict[str, Any]) -> str:
+def _conversation(case: dict[str, Any]) -> dict[str, Any]:
     actual = case["inference"].get("invocations") or []
-    expected = ((case.get("reference") or {}).get("conversation")) or []
-    rows = []
+    reference = case.get("reference") or {}
+    expected = reference.get("conversation") or []
+    turns = []
     for i in range(max(len(actual), len(expected))):
         a = actual[i] if i < len(actual) else {}
         x = expected[i] if i < len(expected) else {}
-        rows.append(f"<tr><td class=n>{i}</td><td>{e(_text(a.get('user_content') or x.get('user_content')))}"
-                    f"</td><td><code>{e(_tools(a))}</code></td><td>{e(_text(a.get('final_response')))}</td>"
-                    f"<td><code>{e(_tools(x))}</code></td><td>{e(_text(x.get('final_response')))}</td></tr>")
-    state = (f"<details><summary>session state</summary><p>initial</p><pre>{_json(case['initial_session_state'])}"
-             f"</pre><p>final</p><pre>{_json(case['final_session_state'])}</pre><p>expected final</p>"
-             f"<pre>{_json((case.get('reference') or {}).get('final_session_state'))}</pre></details>")
-    error = (f"<p><span class='badge FAILED'>inference failed</span> {e(case['inference'].get('error'))}</p>"
-             if case["inference"].get("status") == "failure" else "")
-    return (f"{error}<table class=conversation><tr><th class=n>#</th><th>user</th><th>agent tools</th>"
-            f"<th>agent answer</th><th>expected tools</th><th>expected answer</th></tr>{''.join(rows)}"
-            f"</table>{state}")
+        turns.append({"user": _text(a.get("user_content") or x.get("user_content")),
+                      "agent_tools": _tools(a), "agent_answer": _text(a.get("final_response")),
+                      "expected_tools": _tools(x), "expected_answer": _text(x.get("final_response"))})
+    return {"failed": case["inference"].get("status") == "failure",
+            "error": case["inference"].get("error"), "turns": turns,
+            "initial": _pretty(case["initial_session_state"]),
+            "final": _pretty(case["final_session_state"]),
+            "expected_final": _pretty(reference.get("final_session_state"))}
 
 
-def _json(value: Any) -> str:
-    return e(json.dumps(value, indent=2, ensure_ascii=False, default=str))
-
-
-def _ledger_entry(entry: dict[str, Any]) -> str:
+def _ledger_entry(entry: dict[str, Any]) -> dict[str, Any]:
     if "error" in entry and "metric_name" not in entry:  # could not be read
-        return f"<p class=muted>ledger entry {e(entry['oid'])} unreadable: {e(entry['error'])}</p>"
+        return {"unreadable": True, "oid": entry["oid"], "error": entry["error"]}
     parsed = entry.get("parsed") or {}
-    verdict = parsed.get("label") or num(parsed.get("score")) if parsed else "unparsed"
-    request = "\n\n".join(_text(c) for c in (entry.get("request") or {}).get("contents") or [])
-    head = (f"{e(entry.get('role'))} · invocation {e(entry.get('invocation_index'))} · sample "
-            f"{e(entry.get('sample_index'))} · attempt {e(entry.get('attempt'))} · "
-            f"{e((entry.get('judge_model') or {}).get('model'))} · {e(verdict)}"
-            f"{' · from ledger' if entry.get('source') == 'ledger' else ''}"
-            f"{' · <b>failed</b>' if entry.get('error') or not entry.get('parse_ok') else ''}")
-    body = ""
-    if parsed.get("rationale"):
-        body += f"<p>{e(parsed['rationale'])}</p>"
-    if entry.get("error"):
-        body += f"<p><b>error:</b> {e(entry['error'])}</p>"
-    body += (f"<details><summary>rendered request</summary><pre>{e(request)}</pre></details>"
-             f"<details><summary>raw response</summary><pre>{e(entry.get('raw_response'))}</pre></details>"
-             f"<details><summary>parsed</summary><pre>{_json(parsed)}</pre></details>"
-             f"<p class=muted>entry <code>{e(entry.get('oid'))}</code> · {e(entry.get('evaluator'))}</p>")
-    return f"<details class=ledger data-ledger='{e(entry.get('oid'))}'><summary>{head}</summary>{body}</details>"
+    return {
+        "unreadable": False, "oid": entry.get("oid"), "role": entry.get("role"),
+        "invocation_index": entry.get("invocation_index"), "sample_index": entry.get("sample_index"),
+        "attempt": entry.get("attempt"), "judge_model": (entry.get("judge_model") or {}).get("model"),
+        "verdict": parsed.get("label") or num(parsed.get("score")) if parsed else "unparsed",
+        "from_ledger": entry.get("source") == "ledger",
+        "failed": bool(entry.get("error") or not entry.get("parse_ok")),
+        "rationale": parsed.get("rationale"), "error": entry.get("error"),
+        "request": "\n\n".join(_text(c) for c in (entry.get("request") or {}).get("contents") or []),
+        "raw_response": entry.get("raw_response"), "parsed_json": _pretty(parsed),
+        "evaluator": entry.get("evaluator")}
 
 
-def _unit(case: dict[str, Any], name: str, m: dict[str, Any], change: str | None) -> str:
-    badge = f" <span class='badge {change}'>{change}</span>" if change else ""
-    reuse = f"reused from {e(m.get('reused_from_run'))}" if m["reused"] else e(m["why"])
-    disagree = (f" <span class=muted>(metric: {e(m['metric_status'])})</span>"
-                if m["metric_status"] != m["status"] and m["status"] != "NOT_EVALUATED" else "")
-    row = (f"<tr class=unit data-case='{e(case['eval_id'])}' data-repetition='{case['repetition']}' "
-           f"data-metric='{e(name)}'><td>{e(name)}{badge}</td><td data-stat=status><span class='badge "
-           f"{e(m['status'])}'>{e(m['status'])}</span>{disagree}</td><td class=n data-stat=score>"
-           f"{num(m['score'])}</td><td class=n data-stat=gate_score>{num(m['gate_score'])}</td>"
-           f"<td class=n data-stat=threshold>{num(m['threshold'])}</td><td>{reuse}</td>"
-           f"<td>{e(m['reason'])}</td></tr>")
-    rows = "".join(f"<tr><td class=n>{r['invocation_index']}</td><td class=n>{num(r['score'])}</td>"
-                   f"<td><span class='badge {e(r['status'])}'>{e(r['status'])}</span></td><td>"
-                   + "<br>".join(f"{e(s.get('rubric_id'))}: {num(s.get('score'))} {e(s.get('rationale'))}"
-                                 for s in r.get("rubric_scores") or []) + "</td></tr>"
-                   for r in m.get("rows") or [])
-    ledger = "".join(_ledger_entry(x) for x in m.get("ledger") or [])
-    trace = f" · judge trace {e(m['trace'])}" if m.get("trace") != "not_needed" else ""
-    detail = (f"<tr class=detail><td colspan=7><details><summary class=muted>{len(m.get('rows') or [])} "
-              f"invocation row(s) · {len(m.get('ledger') or [])} judge ledger entr"
-              f"{'y' if len(m.get('ledger') or []) == 1 else 'ies'}{trace}</summary>"
-              f"<table><tr><th class=n>invocation</th><th class=n>score</th><th>status</th>"
-              f"<th>rubric scores</th></tr>{rows}</table>{ledger}</details></td></tr>")
-    return row + detail
+def _unit(m: dict[str, Any]) -> dict[str, Any]:
+    """A unit's values as the template reads them (every key present)."""
+    keys = ("status", "metric_status", "score", "gate_score", "threshold", "reused",
+            "reused_from_run", "why", "reason", "trace")
+    return {**{k: m.get(k) for k in keys}, "rows": list(m.get("rows") or []),
+            "ledger": [_ledger_entry(x) for x in m.get("ledger") or []]}
 
 
 def _verdict(case: dict[str, Any]) -> str:
@@ -236,23 +189,18 @@ def _failing(case: dict[str, Any]) -> bool:
     return any(m["status"] == "FAILED" for m in case["metrics"].values())
 
 
-def _case(case: dict[str, Any], verdict: str, case_changes: dict[str, str]) -> str:
+def _case(case: dict[str, Any], verdict: str, case_changes: dict[str, str]) -> dict[str, Any]:
     regressed = [n for n, c in case_changes.items() if c == "regressed"]
-    label = e(case["eval_id"]) + (f" #{case['repetition']}" if case["repetition"] else "")
-    bad = sum(m["status"] not in PASSING for m in case["metrics"].values())
-    extra = (" <span class='badge failed'>failed</span>" if verdict != "failed" and _failing(case)
-             else "")
-    if regressed:
-        extra += f" <span class='badge regressed'>regressed: {e(', '.join(regressed))}</span>"
-    units = "".join(_unit(case, n, m, case_changes.get(n)) for n, m in case["metrics"].items())
-    opened = " open" if verdict != "passed" or regressed else ""
-    return (f"<details class=case{opened} data-case='{e(case['eval_id'])}' data-verdict='{verdict}'>"
-            f"<summary><span class='badge {verdict}'>{verdict}</span> <code>{label}</code>{extra} "
-            f"<span class=muted>· {bad} of {len(case['metrics'])} metric(s) not passed · agent tokens "
-            f"{e((case.get('tokens') or {}).get('total_tokens', '—'))}</span></summary>"
-            f"{_conversation(case)}<table class=units><tr><th>metric</th><th>status</th>"
-            f"<th class=n>score</th><th class=n>gate score</th><th class=n>threshold</th><th>reuse</th>"
-            f"<th>reason</th></tr>{units}</table></details>")
+    return {
+        "case": {"eval_id": case["eval_id"], "repetition": case["repetition"],
+                 "metrics": {n: _unit(m) for n, m in case["metrics"].items()}},
+        "label": case["eval_id"] + (f" #{case['repetition']}" if case["repetition"] else ""),
+        "verdict": verdict, "changes": case_changes, "regressed": regressed,
+        "also_failed": verdict != "failed" and _failing(case),
+        "not_passed": sum(m["status"] not in PASSING for m in case["metrics"].values()),
+        "tokens": (case.get("tokens") or {}).get("total_tokens", "—"),
+        "open": verdict != "passed" or bool(regressed),
+        "conversation": _conversation(case)}
 
 
 def _tokens(counts: dict[str, Any] | None) -> str:
@@ -295,7 +243,6 @@ def render(store: Any, record_oid: str, record: EvaluationRecord, *, trend_runs:
             if record.inference else "—"
     except EvalsnapError:
         agent = "—"
-    verdict = ("PASSED" if s.passed else "NOT PASSED") + ("" if s.complete else " (INCOMPLETE)")
     facts = [("eval set", "eval_set_id", record.eval_set_id),
              ("agent", "agent", f"{record.app_name} (root agent {agent})"),
              ("store", "store", store.url), ("record", "record_id", record_oid),
@@ -312,16 +259,9 @@ def render(store: Any, record_oid: str, record: EvaluationRecord, *, trend_runs:
              ("tokens of the inference scored", "inference_tokens", _tokens(full["inference_tokens"])),
              ("estimated cost", "estimated_cost",
               num(s.estimated_cost, 6) if s.estimated_cost is not None else f"— ({s.cost_note or 'none'})")]
-    dl = "".join(f"<dt>{e(k)}</dt><dd data-field='{f}'>{e(v)}</dd>" for k, f, v in facts)
-    names = metric_names([current])
     thresholds = {n: m["threshold"] for c in full["cases"] for n, m in c["metrics"].items()}
-    mrows = "".join(
-        f"<tr data-metric='{e(n)}'><td>{e(n)}</td><td class=n>{num(thresholds.get(n))}</td>"
-        f"<td class=n><span data-stat=passed>{st['passed']}</span> / <span data-stat=units>{st['units']}"
-        f"</span></td><td class=n data-stat=pass_rate>{pct(st['pass_rate'])}</td><td class=n "
-        f"data-stat=mean_score>{num(st['mean_score'])}</td><td class=n>{st['failed']}</td><td class=n>"
-        f"{st['not_evaluated']}</td><td>{sparkline(n, points)}</td></tr>"
-        for n in names for st in [current["metrics"][n]])
+    metrics = [{"name": n, "threshold": thresholds.get(n), "stats": current["metrics"][n],
+                "dots": _dots(n, points)} for n in metric_names([current])]
     verdicts = {(c["eval_id"], c["repetition"]): _verdict(c) for c in full["cases"]}
     by_case: dict[tuple, dict[str, str]] = {}
     for (eval_id, rep, metric), change in moved.items():
@@ -334,30 +274,14 @@ def render(store: Any, record_oid: str, record: EvaluationRecord, *, trend_runs:
             return 0
         return 1 if _failing(case) else rank[verdicts[key]]
 
-    cases = sorted(full["cases"], key=order)
-    count = {v: sum(1 for x in verdicts.values() if x == v) for v in rank}
-    n_regressed = sum(1 for c in moved.values() if c == "regressed")
-    n_fixed = sum(1 for c in moved.values() if c == "fixed")
-    body = "".join(_case(c, verdicts[(c["eval_id"], c["repetition"])],
-                         by_case.get((c["eval_id"], c["repetition"]), {})) for c in cases)
-    span = f"{len(points)} run(s) of {e(record.eval_set_id)}, oldest to this one (red)"
-    return (
-        f"<!doctype html><html lang=en><head><meta charset=utf-8>"
-        f"<meta http-equiv='Content-Security-Policy' content=\"{_CSP}\">"
-        f"<meta name=viewport content='width=device-width,initial-scale=1'>"
-        f"<title>evalsnap · {e(record.eval_set_id)} · {e(record.run_id)}</title><style>{_CSS}</style>"
-        f"</head><body><header><h1>{e(record.eval_set_id)} <span class='badge "
-        f"{'passed' if s.passed else 'failed' if s.complete else 'incomplete'}' data-field=verdict>"
-        f"{verdict}</span></h1><dl class=facts>{dl}</dl></header>"
-        f"<h2>Cases</h2><p class=counts><span>passed <b data-count=passed>{count['passed']}</b></span>"
-        f"<span>failed <b data-count=failed>{count['failed']}</b></span><span>incomplete "
-        f"<b data-count=incomplete>{count['incomplete']}</b></span><span>units regressed "
-        f"<b data-count=regressed>{n_regressed}</b></span><span>units fixed <b data-count=fixed>"
-        f"{n_fixed}</b></span></p>"
-        f"<h2>Pass rate per metric</h2><table class=metrics><tr><th>metric</th><th class=n>threshold"
-        f"</th><th class=n>passed / units</th><th class=n>pass rate</th><th class=n>mean score</th>"
-        f"<th class=n>failed</th><th class=n>not evaluated</th><th>trend: {span}</th></tr>{mrows}"
-        f"</table><h2>Cases, regressed and failing first</h2>{body}"
-        f"<p class=muted>evalsnap report of record <code>{e(record_oid)}</code>. Look it up: "
-        f"<code>evalsnap show {e(record.run_id)} --store {e(store.url)} --json</code></p>"
-        f"</body></html>\n")
+    cases = [_case(c, verdicts[(c["eval_id"], c["repetition"])],
+                   by_case.get((c["eval_id"], c["repetition"]), {}))
+             for c in sorted(full["cases"], key=order)]
+    return _template().render(
+        record=record, record_oid=record_oid, store_url=store.url, facts=facts,
+        verdict=("PASSED" if s.passed else "NOT PASSED") + ("" if s.complete else " (INCOMPLETE)"),
+        verdict_class="passed" if s.passed else "failed" if s.complete else "incomplete",
+        count={v: sum(1 for x in verdicts.values() if x == v) for v in rank},
+        n_regressed=sum(1 for c in moved.values() if c == "regressed"),
+        n_fixed=sum(1 for c in moved.values() if c == "fixed"),
+        metrics=metrics, points=points, cases=cases)
