@@ -173,8 +173,9 @@ def run_flow(flow_fn: Any, *, storage_options: dict[str, str] | None = None,
         return flow_result(flow_fn(**params, return_state=True))
 
 
-#: ``scheme://user:password@`` — credentials written into a URL.
-_USERINFO = re.compile(r"^([a-z][a-z0-9+.-]*://)([^/@?#]*)@", re.IGNORECASE)
+#: ``scheme://user:password@`` or ``scheme://user@`` — credentials written into a URL (a
+#: password may hold ``/``, as AWS secret keys do; a path that holds ``@`` is no user part).
+_USERINFO = re.compile(r"^([a-z][a-z0-9+.-]*://)(?:[^/@?#:]*:[^@]*|[^/@?#:]*)@", re.IGNORECASE)
 _CREDENTIALS_HINT = {
     "s3": "the environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE) or "
           "--storage-option key=… --storage-option secret=…",

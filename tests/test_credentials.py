@@ -84,12 +84,18 @@ def test_the_python_api_refuses_it_too_and_starts_no_flow(shop_copy):
     assert _prefect_holds(secret) == []
 
 
-def test_a_url_without_credentials_is_accepted():
+def test_which_urls_hold_credentials():
+    from evalsnap import errors
     from evalsnap.api import check_store_url
 
     for url in ("s3://bucket/p", "gs://bucket", "memory://x", "/tmp/a@b", "./store@2",
-                "file:///tmp/x"):
+                "file:///tmp/x", "s3://bucket/dir@v1/x", "s3://bucket/a:b@c"):
         check_store_url(url)
+    for url in ("s3://KEY:hunter2@bucket/p", "s3://KEY:se/cr+et@bucket/p", "gs://token@bucket",
+                "S3://k:s@b", "memory://u:p@x"):
+        with pytest.raises(errors.UsageError) as info:
+            check_store_url(url)
+        assert "hunter2" not in str(info.value) and "se/cr+et" not in str(info.value)
 
 
 @pytest.fixture(scope="module")
