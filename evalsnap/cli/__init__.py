@@ -42,6 +42,9 @@ def main() -> None:
     from evalsnap import startup
 
     startup.cli_start(sys.argv)  # before the heavy imports below (ADK, then Prefect)
+    from evalsnap.cli.signals import install_process_handlers, result_printed
+
+    install_process_handlers()  # SIGINT, SIGTERM, SIGHUP: from now to the process's end
     import atexit
     import threading
 
@@ -49,9 +52,7 @@ def main() -> None:
 
     from evalsnap import errors, exitcodes, settings
     from evalsnap.cli._app import app, crash_message, err
-    from evalsnap.cli.signals import install_process_handlers, result_printed
 
-    install_process_handlers()
     try:
         settings.get()  # a bad EVALSNAP_* value is a usage error, whatever the command
     except errors.UsageError as exc:
