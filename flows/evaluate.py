@@ -8,8 +8,10 @@ from prefect import flow
 from prefect.runtime import flow_run
 from pydantic import Field, WithJsonSchema
 
-from evalsnap.pipeline import runners
+from evalsnap.pipeline import hints, runners
 from evalsnap.pipeline.plan import Plan, RunOptions, plan_runs
+from evalsnap.records import repo
+from evalsnap.records.repo import run_scope
 from evalsnap.reports.artifacts import RunProgress
 from evalsnap.reports.regressions import FailOn
 from evalsnap.reports.suite import combined
@@ -107,26 +109,29 @@ def evaluate(
     """Runs the agent on every case, freezes a snapshot, scores each metric, publishes:
     one record per eval set; the flow run ends Failed when ``fail_on`` says so."""
     specs = [absolute_evalset(e) for e in ([evalset] if isinstance(evalset, str) else evalset)]
-    plans = plan_runs(absolute(agent_dir), specs[0] if len(specs) == 1 else specs,
-                      absolute(config) or None, store, names(metrics), names(cases), repetitions,
-                      agent_name or None, absolute(initial_session_file) or None,
-                      baseline=baseline, tolerance=tolerance, framework=framework or None)
-    tag_flow_run("evalsnap", *(f"evalset:{p.eval_set.eval_set_id}" for p in plans))
-    rename_flow_run(_evalset_label([p.eval_set.eval_set_id for p in plans]),
-                    all(p.coverage().full for p in plans))
-    results = []
-    runner_name = None if task_runner == "default" else task_runner
-    with runners.task_runner_scope(runner_name, dask_address or None) as runner:
-        for plan in plans:
-            run = RunOptions(kind="run", reuse=reuse, force=force, concurrency=concurrency)
-            results.append(_evaluate(plan, run, runner))
-    return finish(combined(results), fail_on, plans[0].store_url)
+    with run_scope(store):  # what the run learns of the store ends with it
+        plans = plan_runs(absolute(agent_dir), specs[0] if len(specs) == 1 else specs,
+                          absolute(config) or None, store, names(metrics), names(cases), repetitions,
+                          agent_name or None, absolute(initial_session_file) or None,
+                          baseline=baseline, tolerance=tolerance, framework=framework or None)
+        tag_flow_run("evalsnap", *(f"evalset:{p.eval_set.eval_set_id}" for p in plans))
+        rename_flow_run(_evalset_label([p.eval_set.eval_set_id for p in plans]),
+                        all(p.coverage().full for p in plans))
+        results = []
+        runner_name = None if task_runner == "default" else task_runner
+        with runners.task_runner_scope(runner_name, dask_address or None) as runner:
+            for plan in plans:
+                run = RunOptions(kind="run", reuse=reuse, force=force, concurrency=concurrency)
+                results.append(_evaluate(plan, run, runner))
+        return finish(combined(results), fail_on, plans[0].store_url)
 
 
 def _evaluate(plan: Plan, run: RunOptions, runner: str) -> dict[str, Any]:
     """One eval set: inference → freeze → score → publish."""
     progress = RunProgress(plan.inference_total + len(plan.metric_names) + 1,
                            f"{plan.eval_set.eval_set_id}: inference, scoring, publish")
+    if run.reuse and not run.force:  # prove in bulk what the previous record implies
+        hints.prime(repo.open_store(plan.store_url), plan.eval_set.eval_set_id)
     with scoring_pool(plan, run, runner) as pool:
         outcomes = run_inference(plan.inference_batches(run), progress)
         snapshot_oid = freeze_task(as_data(plan.freeze_request(outcomes)))

@@ -9,8 +9,10 @@ from prefect import flow
 from prefect.runtime import flow_run
 from pydantic import Field
 
-from evalsnap.pipeline import runners
+from evalsnap.pipeline import hints, runners
 from evalsnap.pipeline.plan import RunOptions, plan_rescore
+from evalsnap.records import repo
+from evalsnap.records.repo import run_scope
 from evalsnap.reports.artifacts import RunProgress
 from evalsnap.reports.regressions import FailOn
 from flows.evaluate import (
@@ -90,19 +92,22 @@ def rescore(
         # As the CLI does: custom metrics live in the agent package beside the eval set or
         # config, so its parent is the import root (a UI user sets no code paths).
         paths = [str(Path(evalset or config).parent.parent)]
-    plan = plan_rescore(run_or_snapshot, store, evalset or None, config or None, names(metrics),
-                        names(cases), paths, agent or None, agent_name or None,
-                        baseline=baseline, tolerance=tolerance)
-    run = RunOptions(kind="rescore", reuse=reuse, force=force, concurrency=concurrency)
-    tag_flow_run("evalsnap", f"evalset:{plan.eval_set.eval_set_id}")
-    rename_flow_run(f"rescore-{plan.eval_set.eval_set_id}", plan.coverage().full)
-    progress = RunProgress(len(plan.metric_names) + 1,
-                           f"{plan.eval_set.eval_set_id}: rescoring, publish")
-    with runners.task_runner_scope(None if task_runner == "default" else task_runner,
-                                   dask_address or None):
-        outcomes = plan.source_outcomes  # the frozen inference: the agent is never called
-        snapshot_oid = freeze_task(as_data(plan.freeze_request(outcomes)))
-        units = run_scoring(plan.score_requests(run, snapshot_oid), progress)
-        result = publish_task(as_data(plan.publish_request(run, snapshot_oid, outcomes, units)))
-    progress.advance()  # published
-    return finish(result, fail_on, plan.store_url)
+    with run_scope(store):  # what the run learns of the store ends with it
+        plan = plan_rescore(run_or_snapshot, store, evalset or None, config or None, names(metrics),
+                            names(cases), paths, agent or None, agent_name or None,
+                            baseline=baseline, tolerance=tolerance)
+        run = RunOptions(kind="rescore", reuse=reuse, force=force, concurrency=concurrency)
+        tag_flow_run("evalsnap", f"evalset:{plan.eval_set.eval_set_id}")
+        rename_flow_run(f"rescore-{plan.eval_set.eval_set_id}", plan.coverage().full)
+        progress = RunProgress(len(plan.metric_names) + 1,
+                               f"{plan.eval_set.eval_set_id}: rescoring, publish")
+        with runners.task_runner_scope(None if task_runner == "default" else task_runner,
+                                       dask_address or None):
+            if reuse and not force:  # prove in bulk what the previous record implies
+                hints.prime(repo.open_store(plan.store_url), plan.eval_set.eval_set_id)
+            outcomes = plan.source_outcomes  # the frozen inference: the agent is never called
+            snapshot_oid = freeze_task(as_data(plan.freeze_request(outcomes)))
+            units = run_scoring(plan.score_requests(run, snapshot_oid), progress)
+            result = publish_task(as_data(plan.publish_request(run, snapshot_oid, outcomes, units)))
+        progress.advance()  # published
+        return finish(result, fail_on, plan.store_url)

@@ -11,6 +11,7 @@ from storage.errors import (
     ObjectNotFound,
     StorageError,
     StoreUnavailable,
+    TooLarge,
 )
 from storage.ids import OBJECT_KINDS, oid_of, validate_id, validate_kind, validate_oid
 from storage.store import LAYOUT_VERSION, Problem, Store
@@ -25,6 +26,7 @@ __all__ = [
     "StorageError",
     "Store",
     "StoreUnavailable",
+    "TooLarge",
     "oid_of",
     "validate_id",
     "validate_kind",

@@ -11,14 +11,18 @@ opened, :meth:`Backend.failures` for every call after.
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import functools
 import inspect
 import os
 import re
 import sys
+import threading
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec.core
@@ -32,7 +36,8 @@ from storage.errors import StorageError, StoreUnavailable
 # emulators and ordinary buckets do not need.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
-__all__ = ["Backend", "accepted_options", "backend_errors", "open_backend", "redact"]
+__all__ = ["Backend", "FileInfo", "RequestCounts", "accepted_options", "backend_errors",
+           "open_backend", "redact"]
 
 # Accepted protocols and their canonical spelling.
 _PROTOCOLS = {
@@ -97,6 +102,54 @@ _HINTS = {
 }
 
 
+#: What :meth:`Backend.read_many` gives for a file found longer than its limit by its size.
+OVERSIZE = b"\0oversize"
+
+#: Request kinds, as a bucket bills them.
+REQUEST_KINDS = ("list", "head", "get", "put", "delete")
+#: What one filesystem method costs, in requests of one kind (per path for batch calls).
+_METHOD_KINDS = {"cat_file": "get", "cat": "get", "pipe_file": "put", "pipe": "put",
+                 "info": "head", "exists": "head", "ls": "list", "find": "list",
+                 "rm_file": "delete", "rm": "delete"}
+#: Objects per listing page (S3 ListObjectsV2 and GCS objects.list both return 1,000).
+LIST_PAGE = 1000
+#: Requests in flight at once for a batch of reads or writes on an object store.
+BATCH_CONCURRENCY = 32
+
+
+class RequestCounts:
+    """Requests sent to the store, by kind (``list``, ``head``, ``get``, ``put``,
+    ``delete``): what a bucket bills. Thread-safe; one per opened store."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+
+    def add(self, kind: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[kind] += n
+
+    def reset(self) -> None:
+        with self._lock:
+            self._counts.clear()
+
+    def snapshot(self) -> dict[str, int]:
+        """The counts so far, every kind present (zeros included), plus ``total``."""
+        with self._lock:
+            out = {kind: self._counts.get(kind, 0) for kind in REQUEST_KINDS}
+        out["total"] = sum(out.values())
+        return out
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """What a listing says of one file: its size and, where the backend gives one for a
+    single-part upload, the MD5 of its bytes (S3 ``ETag``, GCS ``md5Hash``)."""
+
+    size: int
+    md5: str | None
+
+
 @dataclass(frozen=True)
 class Backend:
     """An opened store location, and the one place that calls its filesystem."""
@@ -106,6 +159,7 @@ class Backend:
     root: str  # the store root as the filesystem spells paths (no protocol, no trailing /)
     url: str  # the store root as a URL a person can pass back in; never has credentials
     timeout: float  # seconds for one small call; transfers and listings get more
+    requests: RequestCounts = field(default_factory=RequestCounts, compare=False)
 
     @property
     def is_object_store(self) -> bool:
@@ -136,8 +190,116 @@ class Backend:
         deadline = self.deadline(nbytes, long)
         if isinstance(self.fs, AsyncFileSystem):
             kwargs["timeout"] = deadline  # consumed by fsspec's sync(): wait_for, then cancel
+        if method == "cat_file" and self.protocol == "s3":
+            kwargs.setdefault("max_concurrency", 1)  # else s3fs asks for the size first (HEAD)
+        kind = _METHOD_KINDS.get(method)
+        if kind is not None:
+            self.requests.add(kind, len(args[0]) if method in ("cat", "pipe") and args
+                              and isinstance(args[0], list | dict) else 1)
         with self.failures(what, deadline, passthrough):
-            return getattr(self.fs, method)(*args, **kwargs)
+            result = getattr(self.fs, method)(*args, **kwargs)
+        if method == "find" and self.is_object_store and isinstance(result, list | dict):
+            self.requests.add("list", max(0, (len(result) - 1) // LIST_PAGE))  # more pages
+        return result
+
+    def read_many(self, what: str, paths: list[str], *, limit: int | None = None
+                  ) -> dict[str, bytes | None]:
+        """The bytes of each path (None where it does not exist), read concurrently on
+        object stores (at most :data:`BATCH_CONCURRENCY` in flight), one GET each and no
+        HEAD. ``limit``: a file longer than this many bytes reads as at most ``limit + 1``
+        bytes (a ranged GET: a planted huge file is never downloaded; a local one is not
+        read at all), so that the caller sees it is too long."""
+        if not paths:
+            return {}
+        self.requests.add("get", len(paths))
+        if not isinstance(self.fs, AsyncFileSystem):
+            out: dict[str, bytes | None] = {}
+            with self.failures(what):
+                for path in paths:
+                    try:
+                        out[path] = _read_local(self.fs, path, limit)
+                    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                        out[path] = None
+                    except _Oversize:
+                        out[path] = OVERSIZE
+            return out
+        kwargs: dict[str, Any] = {}
+        if limit is not None:
+            kwargs.update(start=0, end=limit + 1)
+        elif self.protocol == "s3":
+            kwargs["max_concurrency"] = 1
+        results = self._gather(what, [self.fs._cat_file(p, **kwargs) for p in paths],
+                               nbytes=0 if limit is None else limit)
+        return {path: self._read_result(what, path, value)
+                for path, value in zip(paths, results, strict=True)}
+
+    def write_many(self, what: str, items: dict[str, bytes], *, create: bool) -> dict[str, bool]:
+        """Write each path (``create``: only if absent); concurrently on object stores. Returns
+        per path whether it was written (False: it existed already, with ``create``)."""
+        if not items:
+            return {}
+        self.requests.add("put", len(items))
+        kwargs = {"mode": "create"} if create else {}
+        if isinstance(self.fs, AsyncFileSystem):
+            coros = [self.fs._pipe_file(p, data, **kwargs) for p, data in items.items()]
+            results = self._gather(what, coros, nbytes=sum(len(d) for d in items.values()))
+        else:
+            results = []
+            for path, data in items.items():
+                try:
+                    results.append(self.fs.pipe_file(path, data, **kwargs))
+                except Exception as exc:  # noqa: BLE001 - judged below, as for async results
+                    results.append(exc)
+        out: dict[str, bool] = {}
+        for path, value in zip(items, results, strict=True):
+            if isinstance(value, FileExistsError) and create:
+                out[path] = False
+            elif isinstance(value, BaseException):
+                if isinstance(value, FileNotFoundError):
+                    raise self.missing_bucket(what) from value
+                with self.failures(what):
+                    raise value
+            else:
+                out[path] = True
+        return out
+
+    def listing(self, what: str, base: str) -> dict[str, FileInfo]:
+        """Every file under ``base`` (recursively) with its size and MD5 where the backend
+        lists one: one request per 1,000 files on a bucket."""
+        try:
+            found = self.call(what, "find", base, detail=True, long=True)
+        except FileNotFoundError:
+            return {}
+        return {str(path): FileInfo(int(info.get("size") or 0), _md5_of(info))
+                for path, info in found.items() if info.get("type", "file") == "file"}
+
+    def _gather(self, what: str, coros: list[Any], nbytes: int) -> list[Any]:
+        per_call = self.deadline(0, long=True)
+
+        async def run() -> list[Any]:
+            sem = asyncio.Semaphore(BATCH_CONCURRENCY)
+
+            async def one(coro: Any) -> Any:
+                async with sem:
+                    return await asyncio.wait_for(coro, per_call)
+
+            return await asyncio.gather(*(one(c) for c in coros), return_exceptions=True)
+
+        from fsspec.asyn import sync
+
+        with self.failures(what, self.deadline(nbytes, long=True) * 4):
+            return list(sync(self.fs.loop, run, timeout=self.deadline(nbytes, long=True)
+                             * max(1, len(coros) // BATCH_CONCURRENCY + 1)))
+
+    def _read_result(self, what: str, path: str, value: Any) -> bytes | None:
+        if isinstance(value, FileNotFoundError | IsADirectoryError):
+            return None
+        if isinstance(value, BaseException):
+            if _unsatisfiable_range(value):
+                return b""  # a ranged GET of an empty object: S3 and GCS answer 416
+            with self.failures(f"{what} ({path})"):
+                raise value
+        return bytes(value)
 
     @contextmanager
     def failures(
@@ -181,6 +343,44 @@ class Backend:
             f"{what} failed: bucket {self.bucket!r} does not exist (or these credentials "
             "cannot see it); create it, or fix the URL or the credentials",
         )
+
+
+def _unsatisfiable_range(exc: BaseException) -> bool:
+    text = str(exc)
+    return ("InvalidRange" in text or getattr(exc, "code", None) == 416
+            or ("range" in text.lower() and "satisf" in text.lower()))
+
+
+def _read_local(fs: AbstractFileSystem, path: str, limit: int | None) -> bytes:
+    if limit is None:
+        return bytes(fs.cat_file(path))
+    with fs.open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)  # where it can, the size before the bytes
+        if handle.tell() > limit:
+            raise _Oversize(path)
+        handle.seek(0)
+        return bytes(handle.read(limit + 1))
+
+
+class _Oversize(Exception):
+    """A local file longer than the limit of a read (found by its size: nothing read)."""
+
+
+def _md5_of(info: Mapping[str, Any]) -> str | None:
+    """The MD5 (hex) of a listed file's bytes, where the listing proves it: an S3 ETag of a
+    single-part upload (multipart ETags have a ``-``), a GCS ``md5Hash`` (base64)."""
+    etag = info.get("ETag") or info.get("etag")
+    if isinstance(etag, str):
+        etag = etag.strip('"').lower()
+        return etag if re.fullmatch(r"[0-9a-f]{32}", etag) else None
+    md5 = info.get("md5Hash")
+    if isinstance(md5, str):
+        try:
+            raw = base64.b64decode(md5, validate=True)
+        except (ValueError, TypeError):
+            return None
+        return raw.hex() if len(raw) == 16 else None
+    return None
 
 
 def redact(url: str) -> str:

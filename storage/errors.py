@@ -5,6 +5,7 @@ Hierarchy (the whole tree is drawn in :mod:`evalsnap.errors`)::
     EvalsnapError                (evalsnap.errors; exit_code = 2: bad usage, config or input)
     └── StorageError             base of every error raised by :mod:`storage`
         ├── CorruptObjectError   stored bytes do not hash to their name   (.url, .expected, .actual)
+        │   └── TooLarge         a stored file longer than evalsnap writes (.url, .limit)
         ├── ObjectNotFound       a content-addressed object is missing    (.url)
         ├── StoreUnavailable     store cannot be used: unknown protocol,
         │                        missing bucket, bad credentials,
@@ -33,6 +34,7 @@ __all__ = [
     "ObjectNotFound",
     "StorageError",
     "StoreUnavailable",
+    "TooLarge",
 ]
 
 
@@ -55,6 +57,24 @@ class CorruptObjectError(StorageError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.url, self.expected, self.actual))
+
+
+class TooLarge(CorruptObjectError):
+    """A stored file is longer than any file evalsnap writes of its kind: refused after that
+    many bytes, never downloaded or parsed whole (a planted multi-GB manifest must not take
+    a command's memory). Treated as damage wherever damage is handled."""
+
+    def __init__(self, url: str, limit: int) -> None:
+        StorageError.__init__(
+            self,
+            f"stored file {url} is longer than {limit // 2**20} MiB, more than evalsnap "
+            "writes there: it was not read. Run `evalsnap verify`, and delete the file if "
+            "nothing of yours wrote it.")
+        self.url, self.limit = url, limit
+        self.expected, self.actual = "", ""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.url, self.limit))
 
 
 class ObjectNotFound(StorageError):

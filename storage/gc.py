@@ -23,7 +23,7 @@ from storage import _local
 from storage._layout import LAYOUT_VERSION
 from storage.store import Store
 
-__all__ = ["StoredFile", "delete_files", "list_files", "marker_written_at"]
+__all__ = ["StoredFile", "delete_files", "freshens_rewrites", "list_files", "marker_written_at"]
 
 _WORKERS = 8
 
@@ -90,6 +90,12 @@ def marker_written_at(store: Store) -> float | None:
     except FileNotFoundError:
         return None
     return _modified(info)
+
+
+def freshens_rewrites(store: Store) -> bool:
+    """Whether writing an object that exists refreshes its write time, and deletion checks
+    it (local disk: :func:`storage._local.write_once`, :func:`storage._local.remove`)."""
+    return store._b.protocol == "file"
 
 
 def delete_files(store: Store, files: Iterable[StoredFile], *, unless_freshened: bool = False

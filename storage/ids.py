@@ -26,7 +26,7 @@ __all__ = [
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
 MAX_ID_LENGTH = 200
 #: Kinds of content-addressed objects; each is a folder under ``v1/objects/``.
-OBJECT_KINDS: tuple[str, ...] = ("inference", "snapshot", "unit", "judge", "record")
+OBJECT_KINDS: tuple[str, ...] = ("inference", "snapshot", "unit", "judge", "record", "pack")
 
 #: What an object id looks like: ``sha256:`` and 64 lowercase hex digits.
 OID_PATTERN = re.compile(r"^sha256:[0-9a-f]{64}$")

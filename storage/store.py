@@ -11,15 +11,17 @@ batched (``durability="batch"``, see :meth:`Store.flush`).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from storage import _local
-from storage._backend import open_backend
+from storage._backend import OVERSIZE, FileInfo, RequestCounts, open_backend
 from storage._layout import (
     LAYOUT_VERSION,
     MARKER,
@@ -29,7 +31,7 @@ from storage._layout import (
     oid_from_rel,
     ref_rel,
 )
-from storage.errors import CorruptObjectError, ObjectNotFound, StoreUnavailable
+from storage.errors import CorruptObjectError, ObjectNotFound, StoreUnavailable, TooLarge
 from storage.ids import ID_PATTERN, MAX_ID_LENGTH, OBJECT_KINDS, oid_of, validate_id, validate_kind
 
 __all__ = ["LAYOUT_VERSION", "Problem", "Store"]
@@ -37,6 +39,47 @@ __all__ = ["LAYOUT_VERSION", "Problem", "Store"]
 logger = logging.getLogger(__name__)
 
 _VERIFY_BATCH = 64
+#: Bytes of verified objects a store instance keeps in memory (objects are immutable: a run
+#: reads each once; least recently used ones are dropped beyond this).
+READ_CACHE_BYTES = 192 * 2**20
+#: The most bytes read of one stored file: a planted huge file is refused after this many
+#: bytes, never downloaded or parsed whole (refs: run manifests, reports; objects: records).
+MAX_REF_BYTES = 256 * 2**20
+MAX_OBJECT_BYTES = 1024 * 2**20
+
+
+class _ByteLRU:
+    """Least-recently-used bytes by key, bounded by their total size; thread-safe."""
+
+    def __init__(self, budget: int) -> None:
+        self._budget = budget
+        self._size = 0
+        self._items: OrderedDict[str, bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> bytes | None:
+        with self._lock:
+            data = self._items.get(key)
+            if data is not None:
+                self._items.move_to_end(key)
+            return data
+
+    def drop(self, key: str) -> None:
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._size -= len(old)
+
+    def put(self, key: str, data: bytes) -> None:
+        if len(data) > self._budget // 4:
+            return  # one huge object would evict everything else
+        with self._lock:
+            old = self._items.pop(key, None)
+            self._size += len(data) - (len(old) if old is not None else 0)
+            self._items[key] = data
+            while self._size > self._budget and self._items:
+                _, dropped = self._items.popitem(last=False)
+                self._size -= len(dropped)
 
 
 @dataclass(frozen=True)
@@ -84,7 +127,47 @@ class Store:
         self._pending_lock = threading.Lock()
         self._pending_files: set[str] = set()
         self._pending_dirs: set[str] = set()
+        # Objects are immutable: what this instance read (verified) or wrote, and what a
+        # listing proved intact, need no second request (DESIGN.md "Store economy").
+        self._cache = _ByteLRU(READ_CACHE_BYTES)
+        self._known: set[str] = set()
+        self._listings: dict[str, dict[str, FileInfo]] = {}
+        self._in_run = False  # remembering starts with new_run() (a run), ends with end_run()
+        #: Per-run scratch of the layers above (e.g. reuse hints), forgotten by new_run.
+        self.run_memo: dict[str, Any] = {}
         self.url = self._b.url
+
+    def new_run(self) -> None:
+        """Forget what this instance learnt of the store (read cache, objects known intact,
+        listings) and start counting requests from zero: a new run reads what the store
+        holds now (another process may have damaged or deleted objects since)."""
+        self._cache = _ByteLRU(READ_CACHE_BYTES)
+        self._known = set()
+        self._listings = {}
+        self.run_memo = {}
+        self._in_run = True
+        self._b.requests.reset()
+
+    def end_run(self) -> None:
+        """Stop remembering (after a run): commands outside a run read the store afresh."""
+        self.new_run()
+        self._in_run = False
+
+    def _learn(self, rel: str, data: bytes | None = None) -> None:
+        """Within a run: ``rel`` is in the store, intact (and holds ``data``)."""
+        if self._in_run:
+            self._known.add(rel)
+            if data is not None:
+                self._cache.put(rel, data)
+
+    def _forget(self, rel: str) -> None:
+        self._known.discard(rel)
+        self._cache.drop(rel)
+
+    @property
+    def requests(self) -> RequestCounts:
+        """Requests this instance sent to the store, by kind (what a bucket bills)."""
+        return self._b.requests
 
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
@@ -152,6 +235,8 @@ class Store:
         data = as_bytes(data)
         oid = oid_of(data)
         rel = object_rel(kind, oid)
+        if rel in self._known:
+            return oid  # read intact, written or proved by a listing in this run
         self._ensure_ready()
         what = f"writing {self._url(rel)}"
         created = True
@@ -165,9 +250,34 @@ class Store:
                 created = False  # already there, perhaps from a concurrent writer
             except FileNotFoundError as exc:
                 raise self._b.missing_bucket(what) from exc
-        if not created:
+        if not created and not self._proved(rel, data):
             self._repair_if_damaged(rel, data, oid, what)
+        self._learn(rel, data)
         return oid
+
+    def put_objects(self, kind: str, items: Iterable[bytes]) -> list[str]:
+        """:meth:`put_object` for many objects at once: one concurrent batch of conditional
+        writes on an object store (objects this instance knows are there are skipped)."""
+        kind = validate_kind(kind)
+        datas = [as_bytes(d) for d in items]
+        oids = [oid_of(d) for d in datas]
+        todo = {object_rel(kind, oid): data for oid, data in zip(oids, datas, strict=True)
+                if object_rel(kind, oid) not in self._known}
+        if not todo:
+            return oids
+        if not self._b.is_object_store:
+            for data in todo.values():
+                self.put_object(kind, data)
+            return oids
+        self._ensure_ready()
+        written = self._b.write_many(f"writing {len(todo)} {kind} objects to {self.url}",
+                                     {self._path(rel): data for rel, data in todo.items()},
+                                     create=True)
+        for rel, data in todo.items():
+            if not written[self._path(rel)] and not self._proved(rel, data):
+                self._repair_if_damaged(rel, data, oid_of(data), f"writing {self._url(rel)}")
+            self._learn(rel, data)
+        return oids
 
     def _repair_if_damaged(self, rel: str, data: bytes, oid: str, what: str) -> None:
         """An existing object with other bytes is damage: replace it whole with the good bytes.
@@ -175,7 +285,8 @@ class Store:
         Without this a damaged object would stay forever, since every later write of the
         same content is a no-op. Identical bytes (the normal case) are left alone.
         """
-        existing = self._read(rel, f"checking {self._url(rel)}", long=True)
+        existing = self._read(rel, f"checking {self._url(rel)}", long=True,
+                              limit=MAX_OBJECT_BYTES)
         if existing is not None and oid_of(existing) == oid:
             return
         logger.warning("repairing damaged object %s", self._url(rel))
@@ -184,15 +295,135 @@ class Store:
     def get_object(self, kind: str, oid: str) -> bytes:
         """The bytes of an object, verified against ``oid``."""
         rel = object_rel(validate_kind(kind), oid)
+        cached = self._cache.get(rel) if rel in self._known else None
+        if cached is not None:
+            return cached
         self._ensure_ready()
-        data = self._read(rel, f"reading {self._url(rel)}", long=True)
+        data = self._read(rel, f"reading {self._url(rel)}", long=True, limit=MAX_OBJECT_BYTES)
+        return self._checked(rel, oid, data)
+
+    def get_objects(self, kind: str, oids: Iterable[str]) -> dict[str, bytes | Exception]:
+        """The verified bytes of many objects, read in one concurrent batch (what this
+        instance read before comes from memory); per oid the bytes, or the typed error
+        :meth:`get_object` would raise (``ObjectNotFound``, ``CorruptObjectError``)."""
+        kind = validate_kind(kind)
+        out: dict[str, bytes | Exception] = {}
+        todo: dict[str, str] = {}
+        for oid in dict.fromkeys(oids):
+            rel = object_rel(kind, oid)
+            cached = self._cache.get(rel) if rel in self._known else None
+            if cached is not None:
+                out[oid] = cached
+            else:
+                todo[oid] = rel
+        if todo:
+            self._ensure_ready()
+            raw = self._b.read_many(f"reading {len(todo)} {kind} objects from {self.url}",
+                                    [self._path(rel) for rel in todo.values()],
+                                    limit=MAX_OBJECT_BYTES)
+            for oid, rel in todo.items():
+                try:
+                    data = raw[self._path(rel)]
+                    if _too_long(data, MAX_OBJECT_BYTES):
+                        raise TooLarge(self._url(rel), MAX_OBJECT_BYTES)
+                    out[oid] = self._checked(rel, oid, data)
+                except (ObjectNotFound, CorruptObjectError) as exc:
+                    out[oid] = exc
+        return out
+
+    def _checked(self, rel: str, oid: str, data: bytes | None) -> bytes:
         if data is None:
+            self._forget(rel)
             self._bucket_still_there(f"reading {self._url(rel)}")
             raise ObjectNotFound(self._url(rel))
         actual = oid_of(data)
         if actual != oid:
+            self._forget(rel)
             raise CorruptObjectError(self._url(rel), oid, actual)
+        self._learn(rel, data)
         return data
+
+    def remember(self, kind: str, oid: str, data: bytes) -> bool:
+        """Keep ``data`` (e.g. a pack member) as what object ``oid`` should hold, if it hashes
+        to ``oid``. It is handed out only once the store proved the object is there
+        (:meth:`prove_objects`), never on its own word."""
+        if oid_of(data) != oid or not self._in_run:
+            return False
+        self._cache.put(object_rel(validate_kind(kind), oid), data)
+        return True
+
+    def written_elsewhere(self, kind: str, oid: str, data: bytes) -> None:
+        """``data`` is object ``oid`` as another process of this run wrote it moments ago (a
+        scoring process's pack): known to be in the store, as if this instance wrote it."""
+        if self.remember(kind, oid, data):
+            self._learn(object_rel(validate_kind(kind), oid))
+
+    def remembered(self, kind: str, oid: str) -> bytes | None:
+        """What :meth:`remember` kept for ``oid`` (or a verified read), unproved."""
+        return self._cache.get(object_rel(validate_kind(kind), oid))
+
+    # -- proofs without downloads -----------------------------------------------------------
+
+    def prove_objects(self, kind: str, contents: Mapping[str, bytes]) -> set[str]:
+        """The oids of ``contents`` (oid → bytes known from elsewhere, e.g. a pack) whose
+        object the store holds intact: on a bucket, proved by one listing of the kind (its
+        MD5s, 1,000 objects a request) instead of one download each; where a listing proves
+        nothing (local disk, memory, multipart uploads), by reading the object."""
+        kind = validate_kind(kind)
+        proved: set[str] = set()
+        unproved: list[str] = []
+        for oid, data in contents.items():
+            rel = object_rel(kind, oid)
+            if oid_of(data) != oid:
+                continue
+            if rel in self._known or self._proved(rel, data,
+                                                  area=f"{LAYOUT_VERSION}/objects/{kind}"):
+                proved.add(oid)
+                self._learn(rel, data)
+            else:
+                unproved.append(oid)
+        if unproved and not self._listed_md5(f"{LAYOUT_VERSION}/objects/{kind}"):
+            for oid, got in self.get_objects(kind, unproved).items():
+                if isinstance(got, bytes):
+                    proved.add(oid)
+        return proved
+
+    def prove_refs(self, namespace: str, contents: Mapping[str, bytes]) -> set[str]:
+        """The names of ``contents`` (name → the bytes expected) whose ref holds exactly
+        those bytes: on a bucket by one listing of the namespace; elsewhere by reading."""
+        area = ref_rel(namespace, None)
+        proved = {name for name, data in contents.items()
+                  if self._proved(ref_rel(namespace, name), data, area=area)}
+        if not self._listed_md5(area):
+            rest = [name for name in contents if name not in proved]
+            got = self._b.read_many(f"reading {len(rest)} refs of {namespace} from {self.url}",
+                                    [self._path(ref_rel(namespace, n)) for n in rest],
+                                    limit=MAX_REF_BYTES)
+            proved |= {n for n in rest if got[self._path(ref_rel(namespace, n))] == contents[n]}
+        return proved
+
+    def _proved(self, rel: str, data: bytes, area: str | None = None) -> bool:
+        """Whether a listing taken in this run shows ``rel`` holding exactly ``data``
+        (``area``: take that listing now if it was not taken yet)."""
+        if not self._b.is_object_store or not self._in_run:
+            return False
+        if area is not None and area not in self._listings:
+            self._list_area(area)
+        info = next((listing.get(rel) for base, listing in self._listings.items()
+                     if rel.startswith(base + "/")), None)
+        return (info is not None and info.md5 is not None and info.size == len(data)
+                and info.md5 == hashlib.md5(data, usedforsecurity=False).hexdigest())
+
+    def _listed_md5(self, area: str) -> bool:
+        return self._b.is_object_store and self._in_run and area in self._listings
+
+    def _list_area(self, area: str) -> None:
+        self._ensure_ready()
+        base = self._path(area)
+        found = self._b.listing(f"listing {self._url(area)}", base)
+        prefix = f"{self._b.root}/"
+        self._listings[area] = {path[len(prefix):]: info for path, info in found.items()
+                                if path.startswith(prefix)}
 
     def has_object(self, kind: str, oid: str) -> bool:
         rel = object_rel(validate_kind(kind), oid)
@@ -226,17 +457,34 @@ class Store:
             self.flush()
         self._write_whole(rel, data, f"writing {self._url(rel)}", durable=commit)
 
+    def put_refs(self, namespace: str, items: Mapping[str, bytes]) -> None:
+        """:meth:`put_ref` for many refs of one namespace: one concurrent batch on a bucket."""
+        if not self._b.is_object_store:
+            for name, data in items.items():
+                self.put_ref(namespace, name, data)
+            return
+        self._ensure_ready()
+        self._b.write_many(f"writing {len(items)} refs of {namespace} to {self.url}",
+                           {self._path(ref_rel(namespace, n)): as_bytes(d)
+                            for n, d in items.items()}, create=False)
+
     def get_ref(self, namespace: str, name: str) -> bytes | None:
         """The ref's bytes, or ``None`` if it does not exist."""
         rel = ref_rel(namespace, name)
         self._ensure_ready()
-        return self._read(rel, f"reading {self._url(rel)}", long=True)
+        return self._read(rel, f"reading {self._url(rel)}", long=True, limit=MAX_REF_BYTES)
+
+    def list_refs_dated(self, namespace: str) -> list[tuple[str, float]]:
+        """(name, when the store last wrote it: seconds since the epoch) of every ref directly
+        under ``namespace``: the store's own clock (S3 ``LastModified``, GCS ``updated``, file
+        mtime), not what a file claims of itself."""
+        return self._names_in(ref_rel(namespace, None), dated=True)  # type: ignore[return-value]
 
     def list_refs(self, namespace: str) -> list[str]:
         """Names of the refs directly under ``namespace`` (not in sub-namespaces), sorted."""
-        return self._names_in(ref_rel(namespace, None))
+        return self._names_in(ref_rel(namespace, None))  # type: ignore[return-value]
 
-    def _names_in(self, rel: str) -> list[str]:
+    def _names_in(self, rel: str, dated: bool = False) -> list[str] | list[tuple[str, float]]:
         self._ensure_ready()
         folder = self._path(rel)
         try:
@@ -254,8 +502,8 @@ class Store:
                 and len(base) <= MAX_ID_LENGTH
                 and ID_PATTERN.match(base)  # skips temporary files, which start with a dot
             ):
-                names.append(base)
-        return sorted(names)
+                names.append((base, _mtime(entry)) if dated else base)
+        return sorted(names)  # type: ignore[type-var,return-value]
 
     def delete_ref(self, namespace: str, name: str) -> None:
         """Remove a ref; removing a missing ref is a no-op."""
@@ -278,16 +526,24 @@ class Store:
         rel = f"{LAYOUT_VERSION}/prefect/{validate_id(name, 'task result name')}"
         self._ensure_ready()
         self._write_whole(rel, as_bytes(data), f"writing {self._url(rel)}")
+        if self._in_run:
+            self.run_memo.setdefault("task results", {})[name] = as_bytes(data)
 
     def get_task_result(self, name: str) -> bytes | None:
         """The bytes of ``v1/prefect/<name>``, or ``None`` if there are none."""
         rel = f"{LAYOUT_VERSION}/prefect/{validate_id(name, 'task result name')}"
+        memo = self.run_memo.setdefault("task results", {}) if self._in_run else {}
+        if name in memo:  # Prefect reads a cache hit twice; the store is asked once a run
+            return memo[name]  # type: ignore[no-any-return]
         self._ensure_ready()
-        return self._read(rel, f"reading {self._url(rel)}")
+        data = self._read(rel, f"reading {self._url(rel)}", limit=MAX_REF_BYTES)
+        if self._in_run:
+            memo[name] = data
+        return data
 
     def list_task_results(self) -> list[str]:
         """Names of Prefect's cached task results (``v1/prefect/<name>``), sorted."""
-        return self._names_in(f"{LAYOUT_VERSION}/prefect")
+        return self._names_in(f"{LAYOUT_VERSION}/prefect")  # type: ignore[return-value]
 
     def verify(self) -> list[Problem]:
         """Re-hash every object; report corrupt, unreadable and stray files."""
@@ -309,6 +565,7 @@ class Store:
                 for oid, path in batch:
                     problem = check_content(oid, contents[path])
                     if problem:
+                        self._forget(object_rel(kind, oid))
                         problems.append(Problem(self._url_of(path), kind, problem))
         return problems
 
@@ -370,6 +627,7 @@ class Store:
                durable: bool = False) -> Any:
         """Runs a local ``write`` (see :mod:`storage._local`) and returns what it returns."""
         sync = durable or self._durability == "each"
+        self._b.requests.add("put")
         with self._b.failures(what):
             result = write(self._path(rel), data, sync=sync)
         if not sync:
@@ -387,7 +645,14 @@ class Store:
         except FileNotFoundError as exc:
             raise self._b.missing_bucket(what) from exc
 
-    def _read(self, rel: str, what: str, long: bool = False) -> bytes | None:
+    def _read(self, rel: str, what: str, long: bool = False, limit: int | None = None
+              ) -> bytes | None:
+        """One GET (never a HEAD first); with ``limit``, at most ``limit + 1`` bytes."""
+        if limit is not None:
+            data = self._b.read_many(what, [self._path(rel)], limit=limit)[self._path(rel)]
+            if _too_long(data, limit):
+                raise TooLarge(self._url(rel), limit)
+            return data
         try:
             data = self._b.call(what, "cat_file", self._path(rel), long=long)
         except (FileNotFoundError, IsADirectoryError):
@@ -425,6 +690,28 @@ class Store:
                     value = exc
             out[path] = value
         return out
+
+
+def _too_long(data: bytes | None, limit: int) -> bool:
+    return data is not None and (data is OVERSIZE or len(data) > limit)
+
+
+def _mtime(entry: Mapping[str, Any]) -> float:
+    """When the store last wrote a listed file (seconds since the epoch; 0 if unknown)."""
+    for key in ("LastModified", "updated", "mtime", "created"):
+        value = entry.get(key)
+        if isinstance(value, int | float):
+            return float(value)
+        if value is not None and hasattr(value, "timestamp"):
+            return float(value.timestamp())
+        if isinstance(value, str):
+            from datetime import datetime
+
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return 0.0
 
 
 def _rebuild(url: str, options: dict[str, str], timeout: float,

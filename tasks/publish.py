@@ -16,6 +16,9 @@ from evalsnap.reports.summary import summary
 def publish_task(request: PublishRequest) -> dict[str, Any]:
     """Publishes the run; returns its summary (the ``--json`` object)."""
     record_oid, record = publish_request(request)
-    result = summary(repo.open_store(request.store_url), record_oid, record)
+    store = repo.open_store(request.store_url)
+    result = summary(store, record_oid, record)
+    # what a bucket bills this run for, by kind (this process's requests: the flow's)
+    result["store_requests"] = store.requests.snapshot()
     publish_artifacts(result, request.store_url)
     return result

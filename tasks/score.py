@@ -43,6 +43,8 @@ def run_scoring(requests: list[ScoreRequest], progress: Any = None,
     futures = [run.submit(r) if here is None or r.metric_name in here
                else pool.submit(run, {"request": r}) for r in requests]
     wait_tracked(futures, progress)
+    if pool is not None:  # the scoring process's store requests are the run's too
+        _count_pool_requests(pool, requests[0].store_url)
     return [UnitOutcome.model_validate(u) for r, f in zip(requests, futures, strict=True)
             for u in _units_of(r, f)]
 
@@ -56,6 +58,23 @@ def _units_of(request: ScoreRequest, future: Any) -> list[Any]:
         return units_lost(request, f"the scoring process ended while this metric was being "
                                    f"scored there ({exc}); user code may have ended it "
                                    "(os._exit, a crash) — score it again to see")
+
+
+@task(name="store requests", persist_result=False)
+def store_requests_task(store_url: str) -> dict[str, int]:
+    """The store requests this process sent in this run (asked of the scoring process)."""
+    return repo.open_store(store_url).requests.snapshot()
+
+
+def _count_pool_requests(pool: Any, store_url: str) -> None:
+    try:
+        counts = pool.submit(store_requests_task, {"store_url": store_url}).result()
+    except Exception:  # noqa: BLE001 - a dead scoring process: its units say so already
+        return
+    here = repo.open_store(store_url).requests
+    for kind, n in counts.items():
+        if kind != "total":
+            here.add(kind, int(n))
 
 
 @task(name="prepare scoring process", persist_result=False)
@@ -77,6 +96,7 @@ def _warm(store_url: str, storage_options: dict[str, str], sys_paths: list[str],
     startup.apply_defaults()
     startup.exit_without_teardown()
     repo.configure_store(store_url, storage_options)
+    repo.begin_run(store_url)  # this process serves one run: remember what it reads and writes
     ensure_paths(sys_paths)
     import_agent(*agent)  # before the config: what the agent package registers is needed
     import evalsnap.adk.config  # noqa: F401  (ADK's evaluators and their registry)

@@ -76,7 +76,8 @@ def test_clean_store_verifies(tmp_path: Path, local: bool) -> None:
     report = verify_store(store)
     assert report.ok, report.findings
     assert report.runs == 1
-    assert report.objects == {"inference": 1, "snapshot": 1, "unit": 1, "judge": 1, "record": 1}
+    assert report.objects == {"inference": 1, "snapshot": 1, "unit": 1, "judge": 1, "record": 1,
+                              "pack": 0}
 
 
 @pytest.mark.parametrize("kind", ["inference", "snapshot", "unit", "judge", "record"])

@@ -42,16 +42,20 @@ def entries_for(recorder: JudgeRecorder, rule: MetricRule, frozen: FrozenCase,
     return out
 
 
-def write_entries(store: Store, entries: list[LedgerEntry]) -> list[str]:
-    """Stores the entries and points the reuse index at each successful, parsed answer."""
+def write_entries(store: Store | repo.WriteBatch, entries: list[LedgerEntry]) -> list[str]:
+    """Stores the entries and points the reuse index at each successful, parsed answer
+    (into a :class:`repo.WriteBatch` if given one: written when it is flushed)."""
     oids = []
     for entry in entries:
-        oid = repo.put(store, entry)
+        oid = store.put(entry) if isinstance(store, repo.WriteBatch) else repo.put(store, entry)
         oids.append(oid)
         # An answer from the ledger is indexed already (by the entry it came from).
         if not entry.failed and entry.source == "model":
-            repo.write_index_entry(store, INDEX, sample_ref(entry.request_key, entry.sample_index),
-                                   {"oid": oid})
+            name, value = sample_ref(entry.request_key, entry.sample_index), {"oid": oid}
+            if isinstance(store, repo.WriteBatch):
+                store.index(INDEX, name, value)
+            else:
+                repo.write_index_entry(store, INDEX, name, value)
     return oids
 
 

@@ -50,3 +50,6 @@ class UnitOutcome(BaseModel):
     """The run that scored the unit."""
     reused_from_record: str | None = None
     why: str
+    packs: list[str] = Field(default_factory=list)
+    """Packs holding a copy of the unit (and its judge entries): what the record names so
+    that the next run reads a few packs instead of every object."""

@@ -20,6 +20,7 @@ from evalsnap.records import (
     RunSummary,
     Snapshot,
     UnitRef,
+    pack,
     repo,
 )
 from evalsnap.records.record import Baseline, Coverage, ModelPrice, TokenCounts
@@ -195,6 +196,7 @@ def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
     """Writes the record, points indexes at it, then writes the run manifest last."""
     store = repo.open_store(store_url)
     snapshot = repo.get_snapshot(store, snapshot_oid)
+    unit_packs = _own_packs(store, units, run_id)
     parent_oid = repo.latest_record_for(store, snapshot.eval_set_id)
     try:
         parent_units, parent_snapshot = _parent_view(store, parent_oid)
@@ -273,12 +275,14 @@ def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
         reused_judge_samples=sum(o.reused_judge_samples for o in fresh),
         **token_summary(inf_refs, agent_unreported, judge_by_model, judge_unreported,
                         judge_calls, prices))
+    packs = unit_packs + _inference_packs(store, inf_refs)
     record = EvaluationRecord(
         run_id=run_id, kind=kind, eval_set_id=snapshot.eval_set_id,  # type: ignore[arg-type]
         app_name=snapshot.app_name, snapshot_oid=snapshot_oid, parent_record=parent_oid,
         source=source, reuse=reuse, force=force, inference=inf_refs, units=unit_refs,
         skipped_cases=skipped_cases or [], uninferred_cases=uninferred_cases or [],
-        summary=summary, created_at=now_iso(), coverage=coverage, baseline=baseline)
+        summary=summary, created_at=now_iso(), coverage=coverage, baseline=baseline,
+        packs=packs)
     if history_writer is not None:
         try:
             record = record.model_copy(update={"adk_history_path": history_writer(record)})
@@ -289,20 +293,49 @@ def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
         for o in fresh + recovered:
             repo.index_unit(store, o.unit_fingerprint, o.complete, o.unit_oid, o.run_id, record_oid)
         repo.set_latest_record(store, snapshot.eval_set_id, record_oid, run_id)
-        try:  # the HTML report beside the record (v1/refs/reports/<record hex>.html), before the manifest
-            from evalsnap.reports.html import store_report
-
-            store_report(store, record_oid, record)
-        except Exception as exc:  # noqa: BLE001 - a view of the record must not lose the run
-            logger.warning("could not write the HTML report of record %s: %s", record_oid, exc)
         objects = [ManifestEntry(kind="record", oid=record_oid),
                    ManifestEntry(kind="snapshot", oid=snapshot_oid)]
         objects += [ManifestEntry(kind="inference", oid=i.inference_oid) for i in inf_refs]
         objects += [ManifestEntry(kind="unit", oid=u.unit_oid) for u in unit_refs]
+        objects += [ManifestEntry(kind=pack.KIND, oid=p) for p in packs]
         repo.write_manifest(store, RunManifest(
             run_id=run_id, eval_set_id=snapshot.eval_set_id, app_name=snapshot.app_name,
             kind=kind, record_oid=record_oid, snapshot_oid=snapshot_oid,  # type: ignore[arg-type]
             objects=objects, passed=summary.passed, complete=summary.complete,
             created_at=record.created_at, full=record.full))
         commits.mark_published(snapshot.eval_set_id, record_oid, run_id)
+    # Presentation after the commit: a signal waits only for the commit, and a page that
+    # could not be written is written again by `evalsnap report RECORD` at any time.
+    try:  # the HTML report beside the record (v1/refs/reports/<record hex>.html)
+        from evalsnap.reports.html import store_report
+
+        store_report(store, record_oid, record)
+    except Exception as exc:  # noqa: BLE001 - a view of the record must not lose the run
+        logger.warning("could not write the HTML report of record %s: %s", record_oid, exc)
     return record_oid, record
+
+
+def _own_packs(store: Store, units: list[UnitOutcome], run_id: str) -> list[str]:
+    """The packs the units name, in first-seen order; the packs this run's scoring tasks
+    wrote (perhaps in a scoring process) are read now, so that what publish, the report and
+    the ADK history copy read of those units comes from a few packs, not object by object."""
+    names = list(dict.fromkeys(p for o in units for p in o.packs))
+    own = list(dict.fromkeys(p for o in units if o.run_id == run_id for p in o.packs))
+    for pack_oid, got in store.get_objects(pack.KIND, own).items():
+        try:
+            members = pack.read_pack(got, where=pack_oid) if isinstance(got, bytes) else {}
+        except EvalsnapError as exc:
+            logger.warning("%s", exc)
+            continue
+        for (kind, oid), data in members.items():
+            store.written_elsewhere(kind, oid, data)
+    return names
+
+
+def _inference_packs(store: Store, inf_refs: list[InferenceRef]) -> list[str]:
+    """Packs of the run's inference records (their bytes are in memory: read or written by
+    this run), written unless identical ones are there."""
+    members = [("inference", data) for ref in inf_refs
+               if (data := store.remembered("inference", ref.inference_oid)) is not None]
+    built = pack.build_packs(members)
+    return store.put_objects(pack.KIND, [data for data, _ in built]) if built else []

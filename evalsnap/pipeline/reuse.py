@@ -33,7 +33,7 @@ from pydantic import ValidationError
 
 from evalsnap.errors import EvalsnapError
 from evalsnap.fingerprint import unit_fingerprint
-from evalsnap.pipeline import ledger
+from evalsnap.pipeline import hints, ledger
 from evalsnap.pipeline.judge import LedgerSource
 from evalsnap.pipeline.outcomes import InferenceOutcome, UnitOutcome
 from evalsnap.records import FrozenCase, InferenceRecord, MetricRule, ScoreUnit, repo
@@ -55,8 +55,10 @@ def usable_inference(store: Store, oid: str, fingerprint: str) -> InferenceRecor
 
 
 def find_inference(store: Store, fingerprint: str) -> tuple[str, InferenceRecord] | None:
-    """The indexed, verified, successful inference with this fingerprint, if any."""
-    entry = repo.inference_index_entry(store, fingerprint)
+    """The indexed, verified, successful inference with this fingerprint, if any (the entry
+    and the object proved in bulk by :func:`hints.prime` where it ran, else read now)."""
+    hint = hints.hints_of(store).inferences.get(fingerprint)
+    entry = hint[1] if hint is not None else repo.inference_index_entry(store, fingerprint)
     oid = entry.get("oid") if entry else None
     record = usable_inference(store, oid, fingerprint) if isinstance(oid, str) else None
     return (oid, record) if record is not None else None  # type: ignore[return-value]
@@ -90,7 +92,8 @@ def why_not_reused(rule: MetricRule, *, reuse: bool, force: bool) -> str | None:
 def find_unit(store: Store, ufp: str) -> tuple[str, ScoreUnit, dict[str, Any]] | str:
     """The indexed, verified, complete unit with key ``ufp`` (id, unit, index entry); else
     why there is none (``"new"`` or ``"incomplete before"``)."""
-    entry = repo.unit_index_entry(store, ufp)
+    hint = hints.hints_of(store).units.get(ufp)
+    entry = hint[1] if hint is not None else repo.unit_index_entry(store, ufp)
     oid = entry.get("unit_oid") if entry else None
     if not entry or not isinstance(oid, str):
         return "new"
@@ -120,7 +123,7 @@ def reusable_unit(store: Store, rule: MetricRule, frozen: FrozenCase, *, reuse: 
         unit_oid=oid, unit_fingerprint=ufp, case_fingerprint=frozen.case_fingerprint,
         rule_fingerprint=rule.rule_fingerprint, complete=True, status=unit.status,
         score=unit.score, run_id=entry["run_id"], reused_from_record=entry.get("record_oid"),
-        why="reused"), "reused"
+        why="reused", packs=hints.packs_for(store, [oid])), "reused"
 
 
 # ---- judge samples --------------------------------------------------------------------------

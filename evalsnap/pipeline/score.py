@@ -23,7 +23,8 @@ from evalsnap.errors import ConfigError
 from evalsnap.pipeline import efficiency, ledger, progress, reuse
 from evalsnap.pipeline.outcomes import UnitOutcome
 from evalsnap.pipeline.unit import not_evaluated, score_unit
-from evalsnap.records import FrozenCase, LedgerEntry, MetricRule, ScoreUnit, repo
+from evalsnap.records import FrozenCase, LedgerEntry, MetricRule, ScoreUnit, pack, repo
+from storage import Store
 
 
 class ScoreRequest(BaseModel):
@@ -148,12 +149,43 @@ async def score_metric_async(req: ScoreRequest,
         if recorder is not None:
             # every judge call, live or answered from the ledger, becomes a ledger entry
             entries = ledger.entries_for(recorder, rule, frozen, req.run_id)
-            unit = unit.model_copy(update={"ledger": ledger.write_entries(store, entries)})
+            unit = unit.model_copy(update={"ledger": ledger.write_entries(writes, entries)})
             reused_samples = recorder.reused_samples
-        return _outcome(unit, repo.put(store, unit), why, reused_samples, entries)
+        return _outcome(unit, writes.put(unit), why, reused_samples, entries)
 
     cases = [c for c in snapshot.cases if req.case_ids is None or c.eval_id in req.case_ids]
-    return list(await asyncio.gather(*(one(c) for c in cases)))
+    writes = repo.WriteBatch(store)
+    outcomes = list(await asyncio.gather(*(one(c) for c in cases)))
+    writes.flush()  # the task's new objects together, then the entries that name them
+    return packed(store, outcomes, req.run_id)
+
+
+def packed(store: Store, outcomes: list[UnitOutcome], run_id: str) -> list[UnitOutcome]:
+    """Writes this task's new units and their judge entries as packs as well (see
+    :mod:`evalsnap.records.pack`; the bytes are still in memory: nothing is read back) and
+    names the packs in each new unit's outcome."""
+    members: list[tuple[str, bytes]] = []
+    for o in outcomes:
+        if o.run_id != run_id:
+            continue
+        unit_bytes = store.remembered("unit", o.unit_oid)
+        if unit_bytes is None:
+            continue
+        for entry_oid in ScoreUnit.from_bytes(unit_bytes, where=o.unit_oid).ledger:
+            entry_bytes = store.remembered("judge", entry_oid)
+            if entry_bytes is not None:
+                members.append(("judge", entry_bytes))
+        members.append(("unit", unit_bytes))
+    built = pack.build_packs(members)
+    if not built:
+        return outcomes
+    oids = store.put_objects(pack.KIND, [data for data, _ in built])
+    holders: dict[str, list[str]] = {}
+    for pack_oid, (_, held) in zip(oids, built, strict=True):
+        for oid in held:
+            holders.setdefault(oid, []).append(pack_oid)
+    return [o.model_copy(update={"packs": holders[o.unit_oid]}) if o.unit_oid in holders
+            and o.run_id == run_id else o for o in outcomes]
 
 
 def units_lost(req: ScoreRequest, reason: str) -> list[UnitOutcome]:

@@ -188,6 +188,10 @@ class EvaluationRecord(StoredModel):
     summary: RunSummary
     adk_history_path: str | None = None
     """Where the ADK EvalSetResult copy was written."""
+    packs: list[str] = Field(default_factory=list)
+    """Packs (``v1/objects/pack/…``) holding copies of the objects this record names: what
+    the next run of the eval set reads instead of every object (see
+    :mod:`evalsnap.records.pack`); empty in records written before."""
     imported_from: str | None = None
     created_at: str = ""
     coverage: Coverage | None = None

@@ -18,12 +18,14 @@ cannot be read is skipped by ``latest`` and ``ls`` and reported by ``verify``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import logging
 import re
 import threading
+from collections.abc import Iterator
 from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -77,9 +79,33 @@ def open_store(url: str) -> Store:
         if key not in _stores:
             # fsyncs are batched: each task flushes what it wrote, and the run manifest
             # (a commit) flushes before it is written; see Store.flush
-            _stores[key] = Store(url, storage_options=opts or None, durability="batch",
-                                 timeout=settings.get().store_timeout)
+            store = Store(url, storage_options=opts or None, durability="batch",
+                          timeout=settings.get().store_timeout)
+            # one instance per location however it is spelt (./s and /abs/s): its per-run
+            # read cache and request counts are the run's
+            same = (store.url, key[1])
+            _stores[key] = _stores.setdefault(same, store)
+            _options.setdefault(store.url, dict(opts))
         return _stores[key]
+
+
+def begin_run(url: str) -> Store:
+    """The store of a run that starts now: what this process learnt of it before (read
+    cache, proofs, request counts) is forgotten, so the run reads what the store holds."""
+    store = open_store(url)
+    store.new_run()
+    return store
+
+
+@contextlib.contextmanager
+def run_scope(url: str) -> Iterator[Store]:
+    """A run's use of the store: :func:`begin_run`, and after the run, nothing remembered
+    (a later command in this process reads the store afresh)."""
+    store = begin_run(url)
+    try:
+        yield store
+    finally:
+        store.end_run()
 
 
 def hexof(fp: str) -> str:
@@ -95,6 +121,40 @@ def ref_name(value: str) -> str:
 
 def put(store: Store, record: StoredModel) -> str:
     return store.put_object(record.KIND, record.to_bytes())
+
+
+class WriteBatch:
+    """Objects and index entries written together (one concurrent batch per kind on a
+    bucket, objects before the entries that name them) instead of one request at a time
+    from inside an event loop. Nothing is visible before :meth:`flush`."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._objects: dict[str, dict[str, bytes]] = {}
+        self._refs: dict[str, dict[str, bytes]] = {}
+        self._lock = threading.Lock()
+
+    def put(self, record: StoredModel) -> str:
+        data = record.to_bytes()
+        oid = "sha256:" + hashlib.sha256(data).hexdigest()
+        with self._lock:
+            self._objects.setdefault(record.KIND, {})[oid] = data
+        self.store.remember(record.KIND, oid, data)
+        return oid
+
+    def index(self, namespace: str, name: str, value: dict[str, Any]) -> None:
+        data = index_entry_bytes(namespace, value)
+        with self._lock:
+            self._refs.setdefault(namespace, {})[name] = data
+
+    def flush(self) -> None:
+        with self._lock:
+            objects, refs = self._objects, self._refs
+            self._objects, self._refs = {}, {}
+        for kind, items in objects.items():
+            self.store.put_objects(kind, list(items.values()))
+        for namespace, entries in refs.items():
+            self.store.put_refs(namespace, entries)
 
 
 def get(store: Store, cls: type[M], oid: str) -> M:
@@ -221,10 +281,16 @@ def read_index_entry(store: Store, namespace: str, name: str) -> dict[str, Any] 
         return None
 
 
+def index_entry_bytes(namespace: str, value: dict[str, Any]) -> bytes:
+    """The bytes :func:`write_index_entry` writes for ``value`` (checked against the shape of
+    the index first): what a listing's MD5 can prove an entry holds, without reading it."""
+    entry = INDEXES[namespace].model_validate(value)
+    return json.dumps(entry.model_dump(), sort_keys=True).encode()
+
+
 def write_index_entry(store: Store, namespace: str, name: str, value: dict[str, Any]) -> None:
     """Replaces the entry ``name`` of index ``namespace`` (checked against its shape first)."""
-    entry = INDEXES[namespace].model_validate(value)
-    store.put_ref(namespace, name, json.dumps(entry.model_dump(), sort_keys=True).encode())
+    store.put_ref(namespace, name, index_entry_bytes(namespace, value))
 
 
 # ---- inference index -------------------------------------------------------------------------

@@ -277,3 +277,19 @@ def test_writing_good_bytes_again_repairs_a_damaged_object(store: Store, backend
     assert store.put_object(KIND, data) == oid
     assert Store(store.url).get_object(KIND, oid) == data
     assert store.verify() == []
+
+
+def test_a_run_reads_each_object_once_and_never_heads(store: Store) -> None:
+    """Within a run (``new_run`` … ``end_run``) objects are immutable to the store instance:
+    an object read or written once costs no second request; outside a run, every read goes
+    to the store (a command that only reads sees what the store holds now)."""
+    data = b"read me once " * 32
+    store.put_object(KIND, b"first call: the store is probed once (a bucket: one HEAD)")
+    store.new_run()
+    oid = store.put_object(KIND, data)
+    assert store.get_object(KIND, oid) == data and store.put_object(KIND, data) == oid
+    counts = store.requests.snapshot()
+    assert counts["get"] == 0 and counts["head"] == 0 and counts["put"] == 1, counts
+    store.end_run()
+    assert store.get_object(KIND, oid) == data
+    assert store.requests.snapshot()["get"] == 1 and store.requests.snapshot()["head"] == 0

@@ -1,0 +1,163 @@
+"""What the previous run of an eval set lets this one prove with a handful of requests.
+
+The reuse authority (:mod:`evalsnap.pipeline.reuse`) decides from an index entry and the
+object it names. Read one by one, that is two GETs per unit and per inference: 12,392
+requests for a no-op rerun of 210 cases on S3. The previous record of the eval set says
+which entries and objects a rerun will most likely ask for, so :func:`prime` proves them in
+bulk, with the same result the one-by-one reads would give:
+
+* the record's packs (:mod:`evalsnap.records.pack`) hold the bytes of its units, inference
+  records and judge entries, each checked against its id;
+* one listing per object kind proves those objects are in the store, whole (a bucket
+  lists each object's MD5; elsewhere each is read and re-hashed);
+* one listing per index proves each index entry holds exactly the bytes the record implies
+  (same MD5), so the entry says what a read would say.
+
+What is proved becomes a *hint*: fingerprint → (oid, the entry as the index holds it). A
+fingerprint without a hint is decided the usual way (read the entry, read the object); a
+hint never says more than the store does. Hints live in the store's per-run memo.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from evalsnap.errors import EvalsnapError
+from evalsnap.records import EvaluationRecord, InferenceRecord, ScoreUnit, pack, repo
+from storage import Store
+
+__all__ = ["Hints", "hints_of", "packs_for", "prime"]
+
+logger = logging.getLogger(__name__)
+
+_MEMO = "reuse.hints"
+
+
+@dataclass
+class Hints:
+    """Index entries proved in this run: fingerprint → (oid the entry names, the entry)."""
+
+    units: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    inferences: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    packs_of: dict[str, list[str]] = field(default_factory=dict)
+    """oid → the packs (of the previous record) holding a copy of it."""
+    primed: set[str] = field(default_factory=set)
+
+
+def hints_of(store: Store) -> Hints:
+    hints = store.run_memo.get(_MEMO)
+    if not isinstance(hints, Hints):
+        hints = store.run_memo[_MEMO] = Hints()
+    return hints
+
+
+def prime(store: Store, eval_set_id: str) -> Hints:
+    """Proves what the latest record of ``eval_set_id`` implies, once per run and eval set."""
+    hints = hints_of(store)
+    if eval_set_id in hints.primed:
+        return hints
+    hints.primed.add(eval_set_id)
+    record_oid = repo.latest_record_for(store, eval_set_id)
+    if record_oid is None:
+        return hints
+    try:
+        record = repo.get(store, EvaluationRecord, record_oid)
+    except EvalsnapError as exc:
+        logger.warning("previous record %s unreadable (%s); reuse reads one by one",
+                       record_oid, exc)
+        return hints
+    members = _pack_members(store, record, hints)
+    proved = {kind: store.prove_objects(kind, {oid: data for (k, oid), data in members.items()
+                                               if k == kind})
+              for kind in ("unit", "inference", "judge")}
+    _prove_units(store, record_oid, record, proved["unit"], hints)
+    _prove_inferences(store, record, proved["inference"], hints)
+    return hints
+
+
+def _pack_members(store: Store, record: EvaluationRecord,
+                  hints: Hints) -> dict[tuple[str, str], bytes]:
+    members: dict[tuple[str, str], bytes] = {}
+    for pack_oid, got in store.get_objects(pack.KIND, record.packs).items():
+        if not isinstance(got, bytes):
+            logger.warning("pack %s unusable (%s); its objects are read one by one",
+                           pack_oid, got)
+            continue
+        try:
+            found = pack.read_pack(got, where=pack_oid)
+        except EvalsnapError as exc:
+            logger.warning("%s", exc)
+            continue
+        for (kind, oid), data in found.items():
+            members[(kind, oid)] = data
+            hints.packs_of.setdefault(oid, []).append(pack_oid)
+            store.remember(kind, oid, data)
+    return members
+
+
+def _prove_units(store: Store, record_oid: str, record: EvaluationRecord, proved: set[str],
+                 hints: Hints) -> None:
+    expected: dict[str, tuple[str, str, dict[str, Any]]] = {}
+    for ref in record.units:
+        if ref.unit_oid not in proved:
+            continue
+        try:
+            unit = repo.get(store, ScoreUnit, ref.unit_oid)  # from memory: proved above
+        except EvalsnapError:
+            continue
+        if not unit.complete or unit.unit_fingerprint != ref.unit_fingerprint:
+            continue
+        entry = {"unit_oid": ref.unit_oid,
+                 "run_id": ref.reused_from_run if ref.reused else record.run_id,
+                 "record_oid": ref.reused_from_record if ref.reused else record_oid,
+                 "complete": True}
+        if entry["run_id"] is None or entry["record_oid"] is None:
+            continue
+        expected[repo.hexof(ref.unit_fingerprint)] = (ref.unit_fingerprint, ref.unit_oid, entry)
+    ok = _proved_entries(store, "index/unit", expected)
+    for name in ok:
+        fp, oid, entry = expected[name]
+        hints.units[fp] = (oid, repo.parse_index_entry(
+            "index/unit", repo.index_entry_bytes("index/unit", entry), where=name))
+
+
+def _prove_inferences(store: Store, record: EvaluationRecord, proved: set[str],
+                      hints: Hints) -> None:
+    expected: dict[str, tuple[str, str, dict[str, Any]]] = {}
+    for ref in record.inference:
+        if ref.inference_oid not in proved or ref.status != "success":
+            continue
+        try:
+            inference = repo.get(store, InferenceRecord, ref.inference_oid)
+        except EvalsnapError:
+            continue
+        if not inference.ok or inference.inference_fingerprint != ref.inference_fingerprint:
+            continue
+        entry = {"oid": ref.inference_oid, "run_id": inference.run_id}
+        expected[repo.hexof(ref.inference_fingerprint)] = (
+            ref.inference_fingerprint, ref.inference_oid, entry)
+    for name in _proved_entries(store, "index/inference", expected):
+        fp, oid, entry = expected[name]
+        hints.inferences[fp] = (oid, entry)
+
+
+def _proved_entries(store: Store, namespace: str,
+                    expected: dict[str, tuple[str, str, dict[str, Any]]]) -> set[str]:
+    if not expected:
+        return set()
+    contents = {name: repo.index_entry_bytes(namespace, entry)
+                for name, (_, _, entry) in expected.items()}
+    return store.prove_refs(namespace, contents)
+
+
+def packs_for(store: Store, oids: list[str]) -> list[str]:
+    """The previous record's packs that hold any of ``oids`` (in first-seen order)."""
+    packs_of = hints_of(store).packs_of
+    seen: dict[str, None] = {}
+    for oid in oids:
+        for p in packs_of.get(oid, []):
+            seen.setdefault(p)
+    return list(seen)
+
