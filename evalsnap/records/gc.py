@@ -55,7 +55,13 @@ from evalsnap.errors import UsageError
 from evalsnap.records import RunManifest, repo
 from evalsnap.records._gc_mark import Listing, Marker, classify, read_ref, read_run, ref_target
 from storage import Store
-from storage.gc import StoredFile, delete_files, list_files, marker_written_at
+from storage.gc import (
+    StoredFile,
+    delete_files,
+    freshens_rewrites,
+    list_files,
+    marker_written_at,
+)
 
 __all__ = ["DEFAULT_GRACE", "GcReport", "collect", "parse_duration"]
 
@@ -338,8 +344,8 @@ class _Gc:
                 "a writing command (run, rescore, import-adk-history) started while gc ran: "
                 "what was left of the objects, index entries and cached results waits for a "
                 "gc when no run may be writing")
-        elif not self.dry_run and any(self.doomed.get(k) for k in (*_WAITING, *_OBJECTS)) \
-                and self.writer_started():
+        elif not self.dry_run and not freshens_rewrites(self.store) \
+                and any(self.doomed.get(k) for k in _OBJECTS) and self.writer_started():
             self.report.warnings.append(
                 "a writing command started while gc removed its last objects; if `evalsnap "
                 "verify` then names a missing object, run that command again with --reuse "
