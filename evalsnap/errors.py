@@ -21,6 +21,7 @@ one; ``storage.errors`` names are also importable from ``storage``)::
     ├── ReplayUnavailableError                         2    no complete judge trace to replay from
     └── StorageError             storage.errors        2    (base of everything :mod:`storage` raises)
         ├── CorruptObjectError   storage.errors        2    bytes do not hash to their name (.url .expected .actual)
+        │   └── TooLarge         storage.errors        2    a stored file longer than evalsnap writes (.url .limit)
         ├── ObjectNotFound       storage.errors        2    a content-addressed object is missing (.url)
         ├── StoreUnavailable     storage.errors        2    unknown protocol, missing bucket, bad credentials,
         │                                                   unreachable endpoint, local I/O failure (.url .reason)
@@ -33,8 +34,9 @@ one; ``storage.errors`` names are also importable from ``storage``)::
     InferenceFailed              tasks.inference           makes Prefect retry (and not cache) a failed batch
     DeadlineExceeded             evalsnap.deadlines        past a deadline: a failed inference, a NOT_EVALUATED unit
     UnsupportedCase              evalsnap.langgraph.inference  a case the lane cannot map: a failed inference
-    ToolEscape                   evalsnap.adk._user_code   an agent's SystemExit or KeyboardInterrupt: a failed inference
+    ToolEscape                   evalsnap.adk._user_code   an agent's SystemExit, KeyboardInterrupt: a failed inference
     RefusedCase                  evalsnap.adk.inference    a case ADK refuses to run: a failed inference
+    _Oversize                    storage._backend          a local file over a read's limit (→ TooLarge)
 
 Exit codes of the command line (decided in :mod:`evalsnap.exitcodes`, listed in
 docs/exit-codes.md): 0 passed, 1 quality (a metric failed), 2 any error of this tree,
