@@ -22,7 +22,7 @@ from pathlib import Path
 from evalsnap.api import RunResult, evaluate
 from evalsnap.errors import AgentLoadError
 
-__all__ = ["assert_agent_passes", "agent_dir_of"]
+__all__ = ["agent_dir_of", "assert_agent_passes", "problems"]
 
 
 def agent_dir_of(agent_module: str | Path) -> Path:
@@ -42,13 +42,35 @@ def agent_dir_of(agent_module: str | Path) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def problems(result: RunResult) -> list[str]:
+    """One line per case × metric that did not pass its repetition gate (ADK's rule by
+    default: the mean over all repetitions), and per failed inference."""
+    lines = []
+    for run in result.runs:
+        entries = (run.model_extra or {}).get("aggregates")
+        if entries is None:  # a summary without aggregates: one line per unit
+            return result.problems()
+        lines += [f"{run.eval_set_id}/{c.eval_id}" + (f" #{c.repetition}" if c.repetition else "")
+                  + ": inference failed" for c in run.cases if c.inference == "failure"]
+        for a in entries:
+            if a["status"] == "PASSED":
+                continue
+            score = "no score" if a["gate_score"] is None else f"mean score {a['gate_score']:.3f}"
+            need = "" if a["threshold"] is None else f", threshold {a['threshold']:g}"
+            lines.append(f"{run.eval_set_id}/{a['eval_id']} · {a['metric']}: {a['status']} "
+                         f"({score}{need}; {a['passed']}/{a['n']} repetitions passed)")
+    return lines
+
+
 def assert_agent_passes(agent_module: str | Path, eval_dataset_file_path_or_dir: str | Path, *,
                         num_runs: int = 1, agent_name: str | None = None,
                         initial_session_file: str | Path | None = None,
                         config: str | Path | None = None, store: str | None = None,
                         reuse: bool = False) -> RunResult:
     """Evaluates the agent as ``AgentEvaluator.evaluate`` does and raises ``AssertionError``
-    naming every case × metric that did not pass (or could not be scored).
+    naming every case × metric that did not pass (or could not be scored); with
+    ``num_runs`` > 1 a case × metric passes, as in ``AgentEvaluator``, when the mean of its
+    per-invocation scores over all runs reaches the threshold.
 
     ``num_runs`` is the number of repetitions of each case, ``agent_name`` a sub-agent to
     evaluate instead of the root agent, ``initial_session_file`` the session state of
@@ -63,7 +85,7 @@ def assert_agent_passes(agent_module: str | Path, eval_dataset_file_path_or_dir:
     if not result.passed:
         verdict = "is incomplete" if not result.complete else "did not pass"
         records = ", ".join(f"{r.eval_set_id}: record {r.record_id}" for r in result.runs)
-        lines = "\n".join(f"  - {line}" for line in result.problems())
+        lines = "\n".join(f"  - {line}" for line in problems(result))
         raise AssertionError(f"the evaluation {verdict} ({records}; `evalsnap show` and "
                              f"`evalsnap explain` tell more):\n{lines}")
     return result

@@ -42,6 +42,12 @@ BASELINE_HELP = ("Compare with this earlier run or record of the same eval set a
                  "empty: no comparison")
 TOLERANCE_HELP = ("With a baseline: a score drop of more than this also counts as a regression "
                   "(0: only PASSED → FAILED and complete → incomplete do)")
+GATE_HELP = ("How the repetitions of a case × metric pass: mean = ADK AgentEvaluator's rule "
+             "(the mean of the per-invocation scores of all repetitions against the "
+             "threshold), every = every repetition passed, rate:P = a pass rate of at least P")
+ALPHA_HELP = ("With a baseline and at least 2 repetitions on both sides: a change of a case's "
+              "pass count is a regression (or fix) only when Fisher's exact test gives a "
+              "p-value below this")
 
 
 def _evalset_label(given: Any) -> str:
@@ -82,7 +88,8 @@ def evaluate(
     cases: Annotated[Names, Field(description=(
         "Only these eval_ids, comma-separated; empty: every case. A run of some cases or "
         "metrics is a subset: never 'latest', never a default baseline"))] = "",
-    repetitions: Annotated[int, Field(ge=1, description="Runs of the agent per case")] = 1,
+    repetitions: Annotated[int, Field(description=(
+        "Runs of the agent per case (1 or more)"))] = 1,
     concurrency: Annotated[int, Field(ge=1, description=(
         "Cases run at once per inference task, and units scored at once per metric task "
         "(model calls stay within the Prefect limits evalsnap-agent-model and "
@@ -102,6 +109,8 @@ def evaluate(
     baseline: Annotated[Text, Field(description=BASELINE_HELP)] = "",
     tolerance: Annotated[float, Field(ge=0, description=TOLERANCE_HELP)] = 0.0,
     fail_on: Annotated[FailOn, Field(description=FAIL_ON_HELP)] = "quality",
+    repetition_gate: Annotated[str, Field(description=GATE_HELP)] = "mean",
+    alpha: Annotated[float, Field(gt=0, lt=1, description=ALPHA_HELP)] = 0.05,
     framework: Annotated[Literal["", "adk", "langgraph"], Field(description=(
         "The agent's framework; empty: detected (a package exposing graph, or a "
         "langgraph.json, is LangGraph)"))] = "",
@@ -113,7 +122,8 @@ def evaluate(
         plans = plan_runs(absolute(agent_dir), specs[0] if len(specs) == 1 else specs,
                           absolute(config) or None, store, names(metrics), names(cases), repetitions,
                           agent_name or None, absolute(initial_session_file) or None,
-                          baseline=baseline, tolerance=tolerance, framework=framework or None)
+                          baseline=baseline, tolerance=tolerance, framework=framework or None,
+                          repetition_gate=repetition_gate, alpha=alpha)
         tag_flow_run("evalsnap", *(f"evalset:{p.eval_set.eval_set_id}" for p in plans))
         rename_flow_run(_evalset_label([p.eval_set.eval_set_id for p in plans]),
                         all(p.coverage().full for p in plans))

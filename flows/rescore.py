@@ -16,9 +16,11 @@ from evalsnap.records.repo import run_scope
 from evalsnap.reports.artifacts import RunProgress
 from evalsnap.reports.regressions import FailOn
 from flows.evaluate import (
+    ALPHA_HELP,
     BASELINE_HELP,
     DEFAULT_STORE,
     FAIL_ON_HELP,
+    GATE_HELP,
     RELATIVE,
     TOLERANCE_HELP,
     RunnerChoice,
@@ -83,6 +85,8 @@ def rescore(
     baseline: Annotated[Text, Field(description=BASELINE_HELP)] = "",
     tolerance: Annotated[float, Field(ge=0, description=TOLERANCE_HELP)] = 0.0,
     fail_on: Annotated[FailOn, Field(description=FAIL_ON_HELP)] = "quality",
+    repetition_gate: Annotated[str, Field(description=GATE_HELP)] = "mean",
+    alpha: Annotated[float, Field(gt=0, lt=1, description=ALPHA_HELP)] = 0.05,
 ) -> Any:
     """Never calls the agent: freezes the earlier inference with the given references and
     rules; the flow run ends Failed when ``fail_on`` says so."""
@@ -95,7 +99,8 @@ def rescore(
     with run_scope(store):  # what the run learns of the store ends with it
         plan = plan_rescore(run_or_snapshot, store, evalset or None, config or None, names(metrics),
                             names(cases), paths, agent or None, agent_name or None,
-                            baseline=baseline, tolerance=tolerance)
+                            baseline=baseline, tolerance=tolerance,
+                            repetition_gate=repetition_gate, alpha=alpha)
         run = RunOptions(kind="rescore", reuse=reuse, force=force, concurrency=concurrency)
         tag_flow_run("evalsnap", f"evalset:{plan.eval_set.eval_set_id}")
         rename_flow_run(f"rescore-{plan.eval_set.eval_set_id}", plan.coverage().full)

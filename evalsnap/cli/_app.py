@@ -44,6 +44,15 @@ ToleranceOpt = Annotated[float, typer.Option(
     "--tolerance", min=0.0,
     help="With --baseline: a score drop of more than this is a regression too (default 0: "
          "only PASSED → FAILED and complete → incomplete are)")]
+GateOpt = Annotated[str, typer.Option(
+    "--repetition-gate", metavar="mean|every|rate:P",
+    help="How the repetitions of a case × metric pass: mean (default: ADK AgentEvaluator's "
+         "rule, the mean of the per-invocation scores of all repetitions), every (every "
+         "repetition passed), rate:P (a pass rate of at least P)")]
+AlphaOpt = Annotated[float, typer.Option(
+    "--alpha", min=0.0, max=1.0,
+    help="With --baseline and at least 2 repetitions on both sides: a pass-count change is "
+         "a regression only when Fisher's exact test gives p below this (default 0.05)")]
 FailOnOpt = Annotated[Literal["quality", "incomplete", "regression", "never"], typer.Option(
     "--fail-on",
     help="What makes the exit code non-zero: quality (default: 1 a quality failure, 3 "
@@ -274,6 +283,8 @@ def run(
     baseline: BaselineOpt = None,
     tolerance: ToleranceOpt = 0.0,
     fail_on: FailOnOpt = "quality",
+    repetition_gate: GateOpt = "mean",
+    alpha: AlphaOpt = 0.05,
     framework: Annotated[Literal["adk", "langgraph"] | None, typer.Option(
         help="The agent's framework; default: detected from AGENT_DIR")] = None,
     as_json: JsonOpt = False,
@@ -287,7 +298,8 @@ def run(
                   cases=case, repetitions=repetitions, task_runner=task_runner,
                   dask_address=dask_address, agent_name=agent_name,
                   initial_session_file=initial_session_file, baseline=baseline or "",
-                  tolerance=tolerance, fail_on=fail_on, framework=framework or "")
+                  tolerance=tolerance, fail_on=fail_on, framework=framework or "",
+                  repetition_gate=repetition_gate, alpha=alpha)
 
 
 @app.command()
@@ -310,6 +322,8 @@ def rescore(
     baseline: BaselineOpt = None,
     tolerance: ToleranceOpt = 0.0,
     fail_on: FailOnOpt = "quality",
+    repetition_gate: GateOpt = "mean",
+    alpha: AlphaOpt = 0.05,
     as_json: JsonOpt = False,
 ) -> None:
     """Score frozen inference again with new references or rules; never calls the agent."""
@@ -323,7 +337,8 @@ def rescore(
                   evalset=evalset, config=config, store=store, reuse=reuse, force=force,
                   metrics=metric, cases=case, code_paths=paths, task_runner=task_runner,
                   dask_address=dask_address, agent=agent, agent_name=agent_name,
-                  baseline=baseline or "", tolerance=tolerance, fail_on=fail_on)
+                  baseline=baseline or "", tolerance=tolerance, fail_on=fail_on,
+                  repetition_gate=repetition_gate, alpha=alpha)
 
 
 @app.command()
@@ -331,6 +346,8 @@ def show(
     record: Annotated[str, typer.Argument(help="Run id, record id or 'latest'")],
     store: StoreOpt = ".evalsnap",
     storage_option: OptionOpt = None,
+    all_repetitions: Annotated[bool, typer.Option(
+        "--all", help="The score table per repetition, not per case × metric")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Show a record with everything it links resolved."""
@@ -342,7 +359,8 @@ def show(
         if as_json:
             sys.stdout.write(json.dumps(full_record(s, oid, rec), default=str) + "\n")
         else:
-            _emit(summary(s, oid, rec), False)
+            out.print(score_table(summary(s, oid, rec), detail=all_repetitions))
+            out.print(f"record {oid}  snapshot {rec.snapshot_oid}")
 
 
 # Commands of each area live in their own module and register on ``app``.

@@ -21,6 +21,7 @@ from evalsnap.adk.inference import now_iso
 from evalsnap.adk.targets import EvalTarget, default_config_path, resolve_targets
 from evalsnap.errors import ConfigError, InputFileError, NotFoundError, UsageError
 from evalsnap.fingerprint import inference_fingerprint, unit_fingerprint
+from evalsnap.gates import check_gate
 from evalsnap.pipeline import progress, reuse
 from evalsnap.pipeline.freeze import FreezeRequest
 from evalsnap.pipeline.infer import InferBatch, InferItem, batches
@@ -48,6 +49,8 @@ class Plan:
     framework: str | None = None
     """``adk`` or ``langgraph`` when forced; None: detected from the package."""
     repetitions: int = 1
+    repetition_gate: str = "mean"
+    """How repetitions are gated (:mod:`evalsnap.reports.aggregates`); recorded in coverage."""
     metric_names: list[str] = field(default_factory=list)
     case_ids: list[str] = field(default_factory=list)
     sys_paths: list[str] = field(default_factory=list)
@@ -71,7 +74,8 @@ class Plan:
                        if self.agent is None else self.repetitions)
         return Coverage(full=not (missing_cases or missing_metrics or self.source_note),
                         missing_cases=missing_cases, missing_metrics=missing_metrics,
-                        repetitions=repetitions, note=self.source_note)
+                        repetitions=repetitions, note=self.source_note,
+                        repetition_gate=self.repetition_gate)
 
     @property
     def config_json(self) -> str:
@@ -219,13 +223,15 @@ def plan_runs(agent_dir: str, evalsets: str | list[str], config: str | None, sto
               metrics: list[str] | None = None, cases: list[str] | None = None,
               repetitions: int = 1, agent_name: str | None = None,
               initial_session_file: str | None = None, baseline: str = "",
-              tolerance: float = 0.0, framework: str | None = None) -> list[Plan]:
+              tolerance: float = 0.0, framework: str | None = None,
+              repetition_gate: str = "mean", alpha: float = 0.05) -> list[Plan]:
     """One plan per eval set a run covers (:mod:`evalsnap.adk.targets`), in the order given.
 
     ``initial_session_file`` is ``AgentEvaluator``'s: the session state of old-format
     ``*.test.json`` files (an eval set file holds its own ``session_input``)."""
     if repetitions < 1:
         raise UsageError("--repetitions must be at least 1.")
+    check_gate(repetition_gate)
     if not Path(agent_dir).is_dir():
         raise InputFileError(
             f"agent dir {agent_dir} does not exist; pass the directory of an ADK agent package.")
@@ -245,7 +251,8 @@ def plan_runs(agent_dir: str, evalsets: str | list[str], config: str | None, sto
     store.check()
     plans = [Plan(store_url=store.url, eval_set=eval_set, config=configs[target.config_path],
                   agent=agent, agent_dir=str(agent.path), agent_name=agent_name,
-                  framework=framework, repetitions=repetitions, sys_paths=[str(agent_path.parent)])
+                  framework=framework, repetitions=repetitions, sys_paths=[str(agent_path.parent)],
+                  repetition_gate=repetition_gate)
              for target, eval_set in zip(targets, eval_sets, strict=True)]
     if len(plans) == 1:
         _select(plans[0], metrics, _union(targets[0].case_ids, cases))
@@ -253,32 +260,37 @@ def plan_runs(agent_dir: str, evalsets: str | list[str], config: str | None, sto
         _check_distinct(plans, targets)
         plans = _select_in_several(plans, targets, metrics, cases)
     for plan in plans:
-        plan.baseline = resolve_baseline(store, baseline, plan.eval_set.eval_set_id, tolerance)
+        plan.baseline = resolve_baseline(store, baseline, plan.eval_set.eval_set_id, tolerance,
+                                         alpha)
     return plans
 
 
-def resolve_baseline(store: Any, ref: str, eval_set_id: str, tolerance: float) -> Baseline | None:
+def resolve_baseline(store: Any, ref: str, eval_set_id: str, tolerance: float,
+                     alpha: float = 0.05) -> Baseline | None:
     """The record ``--baseline REF`` names: a run or record id of the same eval set, or
     ``latest``, the newest *full* run of it (none yet: no comparison, a warning)."""
     if not ref:
         return None
     if tolerance < 0:
         raise UsageError(f"--tolerance must be 0 or more, not {tolerance}.")
+    if not 0 < alpha < 1:
+        raise UsageError(f"--alpha must be between 0 and 1, not {alpha}.")
     if ref == "latest":
         manifest = repo.latest_manifest(store, eval_set_id=eval_set_id, fallback=False)
         if manifest is None:
             logger.warning("no earlier full run of eval set %s in store %s: nothing to compare "
                            "with (--baseline latest); regressions are counted from the next "
                            "run on", eval_set_id, store.url)
-            return Baseline(requested=ref, tolerance=tolerance)
+            return Baseline(requested=ref, tolerance=tolerance, alpha=alpha)
         return Baseline(requested=ref, record_oid=manifest.record_oid, run_id=manifest.run_id,
-                        tolerance=tolerance)
+                        tolerance=tolerance, alpha=alpha)
     oid, record = repo.resolve_record(store, ref)
     if record.eval_set_id != eval_set_id:
         raise UsageError(f"baseline {ref} is a record of eval set {record.eval_set_id!r}, not "
                          f"{eval_set_id!r}; compare with a run of the same eval set "
                          "(or --baseline latest).")
-    return Baseline(requested=ref, record_oid=oid, run_id=record.run_id, tolerance=tolerance)
+    return Baseline(requested=ref, record_oid=oid, run_id=record.run_id, tolerance=tolerance,
+                    alpha=alpha)
 
 
 def _check_distinct(plans: list[Plan], targets: list[EvalTarget]) -> None:
@@ -323,7 +335,8 @@ def plan_rescore(run_or_snapshot: str, store_url: str, evalset: str | None,
                  config: str | None, metrics: list[str] | None = None,
                  cases: list[str] | None = None, sys_paths: list[str] | None = None,
                  agent_dir: str | None = None, agent_name: str | None = None,
-                 baseline: str = "", tolerance: float = 0.0) -> Plan:
+                 baseline: str = "", tolerance: float = 0.0, repetition_gate: str = "mean",
+                 alpha: float = 0.05) -> Plan:
     store = repo.open_store(store_url)
     store.check()
     snapshot_oid, snapshot = resolve_snapshot(store, run_or_snapshot)
@@ -357,7 +370,8 @@ def plan_rescore(run_or_snapshot: str, store_url: str, evalset: str | None,
                 agent_dir=agent_dir, agent_name=agent_name,
                 sys_paths=list(sys_paths or []),
                 skipped_cases=sorted(frozen_ids - new_ids),
-                uninferred_cases=sorted(new_ids - frozen_ids), source_note=source_note)
+                uninferred_cases=sorted(new_ids - frozen_ids), source_note=source_note,
+                repetition_gate=check_gate(repetition_gate))
     _select(plan, metrics, cases)
     # cases left out by --case are not "without inference": the selection does not ask for them
     plan.uninferred_cases = [c for c in plan.uninferred_cases if c in set(plan.case_ids)]
@@ -373,7 +387,7 @@ def plan_rescore(run_or_snapshot: str, store_url: str, evalset: str | None,
                          status="success" if c.inference_ok else "failure",
                          run_id=repo.inference_run_id(store, c.inference_oid))
         for c in snapshot.cases if c.eval_id in selected]
-    plan.baseline = resolve_baseline(store, baseline, plan.eval_set.eval_set_id, tolerance)
+    plan.baseline = resolve_baseline(store, baseline, plan.eval_set.eval_set_id, tolerance, alpha)
     return plan
 
 

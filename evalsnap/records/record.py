@@ -142,6 +142,10 @@ class Coverage(BaseModel):
     """Metrics of the config this record does not score."""
     repetitions: int = 1
     """Runs of the agent per case."""
+    repetition_gate: str | None = None
+    """How the repetitions of a case × metric are gated (``--repetition-gate``: ``mean``,
+    ``every``, ``rate:P``; see :mod:`evalsnap.reports.aggregates`); None: ``mean``, ADK
+    ``AgentEvaluator``'s rule (and records written before the gate was recorded)."""
     note: str | None = None
     """Why the record is not full when no case or metric list says it (a subset source)."""
 
@@ -158,6 +162,9 @@ class Baseline(BaseModel):
     run_id: str | None = None
     tolerance: float = 0.0
     """A score drop of more than this is a regression (0: only status changes are)."""
+    alpha: float = 0.05
+    """With at least 2 repetitions on both sides, a change of a case × metric's pass count is
+    significant when Fisher's exact test gives a p-value below this (``--alpha``)."""
 
 
 class EvaluationRecord(StoredModel):

@@ -1,12 +1,13 @@
 """``report RECORD --junit FILE``: a record as JUnit XML, for CI systems.
 
 One ``<testsuite>`` per record (named after the eval set) and one ``<testcase>`` per case ×
-metric: ``classname`` is ``<eval set>.<eval_id>`` (``#<repetition>`` after the first),
-``name`` the metric. A gate ``FAILED`` is a ``<failure>``; a unit that is not complete
-(``NOT_EVALUATED``, an errored judge sample, a failed inference) is an ``<error>``, never
-``<skipped>``: the run is incomplete (exit 3) and CI must not show it green. ``PASSED`` and
-``INFORMATIONAL`` units pass. A case with no unit at all (its inference failed before any
-metric) is one ``<testcase name="inference">`` with an ``<error>``.
+metric over its repetitions (:mod:`evalsnap.reports.aggregates`): ``classname`` is
+``<eval set>.<eval_id>``, ``name`` the metric, and the text lists every repetition. A
+``FAILED`` status by the repetition gate is a ``<failure>``; a case × metric with an
+incomplete repetition (``NOT_EVALUATED``, an errored judge sample, a failed inference) is an
+``<error>``, never ``<skipped>``: the run is incomplete (exit 3) and CI must not show it green.
+Passing and informational metrics pass. A case with no unit at all (its inference failed
+before any metric) is one ``<testcase name="inference">`` with an ``<error>``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,23 @@ def _num(value: float | None) -> str:
     return "none" if value is None else f"{value:.3f}"
 
 
+def _summary_line(a: dict[str, Any]) -> str:
+    ci = a["pass_rate_ci95"]
+    interval = "" if ci is None else f", 95% Wilson [{ci[0]:.3f}, {ci[1]:.3f}]"
+    return (f"{a['passed']}/{a['n']} repetitions passed ({a['verdict']}{interval}); gate "
+            f"{a['gate']}: {a['status']}, gate score {_num(a['gate_score'])}, threshold "
+            f"{_num(a['threshold'])}, mean score {_num(a['mean_score'])}")
+
+
+def _rep_line(r: dict[str, Any], m: dict[str, Any] | None) -> str:
+    if m is None:
+        return f"  repetition {r['repetition']}: no unit (inference failed)"
+    return (f"  repetition {r['repetition']}: {m['status']} score {_num(m['score'])} (metric "
+            f"status {m['metric_status']})"
+            + (f"; reused from run {m['reused_from_run']}" if m["reused"] else "")
+            + (f"; reason: {m['reason']}" if m["reason"] else ""))
+
+
 def junit_xml(store: Any, record_oid: str, record: EvaluationRecord) -> bytes:
     """The JUnit XML document of ``record`` (UTF-8, with an XML declaration)."""
     result = summary(store, record_oid, record)
@@ -41,35 +59,41 @@ def junit_xml(store: Any, record_oid: str, record: EvaluationRecord) -> bytes:
         ET.SubElement(props, "property", name=key, value=_x(result[key]))
     ET.SubElement(props, "property", name="store", value=_x(store.url))
     counts = {"tests": 0, "failures": 0, "errors": 0}
+    covered = {a["eval_id"] for a in result["aggregates"]}
     for case in result["cases"]:
-        classname = f"{record.eval_set_id}.{case['eval_id']}" + (
-            f"#{case['repetition']}" if case.get("repetition") else "")
-        if not case["metrics"]:
-            tc = ET.SubElement(suite, "testcase", classname=_x(classname), name="inference",
-                               time="0")
-            ET.SubElement(tc, "error", type="inference failed",
-                          message="the agent failed on this case; no metric was scored"
-                          ).text = _x(look_up)
-            counts["tests"] += 1
-            counts["errors"] += 1
+        if case["eval_id"] in covered or case["metrics"]:
             continue
-        for metric, m in case["metrics"].items():
-            tc = ET.SubElement(suite, "testcase", classname=_x(classname), name=_x(metric), time="0")
-            counts["tests"] += 1
-            detail = (f"score {_num(m['score'])} (metric status {m['metric_status']}), gate score "
-                      f"{_num(m['gate_score'])}, threshold {_num(m['threshold'])}"
-                      + (f"; reused from run {m['reused_from_run']}" if m["reused"] else "")
-                      + (f"; reason: {m['reason']}" if m["reason"] else ""))
-            if not m["complete"] or case.get("inference") == "failure":
-                ET.SubElement(tc, "error", type=_x(m["status"]),
-                              message=_x(m["reason"] or "not evaluated")).text = _x(
-                    f"{detail}\n{look_up}")
-                counts["errors"] += 1
-            elif m["status"] == "FAILED":
-                ET.SubElement(tc, "failure", type="FAILED",
-                              message=_x(f"score {_num(m['gate_score'])} below threshold "
-                                         f"{_num(m['threshold'])}")).text = _x(f"{detail}\n{look_up}")
-                counts["failures"] += 1
+        covered.add(case["eval_id"])
+        tc = ET.SubElement(suite, "testcase", classname=_x(f"{record.eval_set_id}.{case['eval_id']}"),
+                           name="inference", time="0")
+        ET.SubElement(tc, "error", type="inference failed",
+                      message="the agent failed on this case; no metric was scored").text = _x(look_up)
+        counts["tests"] += 1
+        counts["errors"] += 1
+    units = {(c["eval_id"], c.get("repetition", 0), name): m
+             for c in result["cases"] for name, m in c["metrics"].items()}
+    for a in result["aggregates"]:
+        tc = ET.SubElement(suite, "testcase", classname=_x(f"{record.eval_set_id}.{a['eval_id']}"),
+                           name=_x(a["metric"]), time="0")
+        counts["tests"] += 1
+        detail = "\n".join([_summary_line(a)] + [
+            _rep_line(r, units.get((a["eval_id"], r["repetition"], a["metric"])))
+            for r in a["repetitions"]] + [look_up])
+        if a["status"] == "NOT_EVALUATED":
+            reasons = [m["reason"] for r in a["repetitions"]
+                       if (m := units.get((a["eval_id"], r["repetition"], a["metric"])))
+                       and m["reason"]]
+            ET.SubElement(tc, "error", type="NOT_EVALUATED", message=_x(
+                f"{a['incomplete']} of {a['n']} repetition(s) incomplete"
+                + (f": {reasons[0]}" if reasons else ""))).text = _x(detail)
+            counts["errors"] += 1
+        elif a["status"] == "FAILED":
+            ET.SubElement(tc, "failure", type="FAILED", message=_x(
+                f"{a['passed']}/{a['n']} repetitions passed; gate {a['gate']} failed (gate score "
+                f"{_num(a['gate_score'])}, threshold {_num(a['threshold'])})")).text = _x(detail)
+            counts["failures"] += 1
+        else:
+            ET.SubElement(tc, "system-out").text = _x(detail)
     for key, value in counts.items():
         suite.set(key, str(value))
     suite.set("skipped", "0")

@@ -6,7 +6,7 @@ from typing import Any
 
 from evalsnap.errors import EvalsnapError
 from evalsnap.records import EvaluationRecord, LedgerEntry, ScoreUnit, repo
-from evalsnap.reports.summary import case_efficiency, run_tokens
+from evalsnap.reports.summary import case_efficiency, gated, run_tokens
 
 
 def _ledger(store: Any, oids: list[str]) -> list[dict[str, Any]]:
@@ -23,7 +23,7 @@ def _ledger(store: Any, oids: list[str]) -> list[dict[str, Any]]:
 def full_record(store: Any, record_oid: str, record: EvaluationRecord) -> dict[str, Any]:
     snapshot = repo.get_snapshot(store, record.snapshot_oid) if record.snapshot_oid else None
     frozen = {(c.eval_id, c.repetition): c for c in snapshot.cases} if snapshot else {}
-    cases = []
+    cases, units = [], {}
     for inf in record.inference:
         inference = repo.get_inference(store, inf.inference_oid)
         fc = frozen.get((inf.eval_id, inf.repetition))
@@ -31,7 +31,7 @@ def full_record(store: Any, record_oid: str, record: EvaluationRecord) -> dict[s
         for ref in record.units:
             if (ref.eval_id, ref.repetition) != (inf.eval_id, inf.repetition):
                 continue
-            unit = repo.get(store, ScoreUnit, ref.unit_oid)
+            unit = units[ref.unit_oid] = repo.get(store, ScoreUnit, ref.unit_oid)
             metrics[ref.metric_name] = {
                 **ref.model_dump(mode="json"),
                 **unit.model_dump(mode="json", exclude={"ledger"}),
@@ -51,9 +51,13 @@ def full_record(store: Any, record_oid: str, record: EvaluationRecord) -> dict[s
             **case_efficiency(inf),
             "metrics": metrics,
         })
+    entries, passed = gated(record, {**units, **{r.unit_oid: repo.get(store, ScoreUnit, r.unit_oid)
+                                                  for r in record.units if r.unit_oid not in units}})
     return {
         "record_id": record_oid,
         "record": record.model_dump(mode="json"),
+        "passed": passed,
+        "aggregates": entries,
         **run_tokens(record),
         "snapshot": {"snapshot_id": record.snapshot_oid,
                      "rules": [r.model_dump(mode="json") for r in snapshot.rules]

@@ -8,6 +8,7 @@ from typing import Any
 from evalsnap import exitcodes
 from evalsnap.records import EvaluationRecord, InferenceRef, ScoreUnit, repo
 from evalsnap.records.record import TokenCounts
+from evalsnap.reports.aggregates import aggregates, gate_passed, record_gate
 
 # The codes by their old names, for the modules that still import them from here.
 EXIT_OK, EXIT_QUALITY, EXIT_USAGE, EXIT_INCOMPLETE = (int(c) for c in (
@@ -15,10 +16,19 @@ EXIT_OK, EXIT_QUALITY, EXIT_USAGE, EXIT_INCOMPLETE = (int(c) for c in (
     exitcodes.ExitCode.INCOMPLETE))
 
 
-def exit_code(record: EvaluationRecord) -> int:
-    """The record's own exit code (``--fail-on quality``)."""
-    return exitcodes.exit_code(exitcodes.Verdict(complete=record.summary.complete,
-                                                 passed=record.summary.passed))
+def exit_code(record: EvaluationRecord, passed: bool | None = None) -> int:
+    """The record's own exit code (``--fail-on quality``); ``passed`` by the repetition gate
+    (:func:`gated`), else the record's own."""
+    return exitcodes.exit_code(exitcodes.Verdict(
+        complete=record.summary.complete,
+        passed=record.summary.passed if passed is None else passed))
+
+
+def gated(record: EvaluationRecord, units: dict[str, ScoreUnit]) -> tuple[list[dict[str, Any]], bool]:
+    """The record's aggregates over repetitions and whether the run passed by them: complete,
+    and every case × metric passed its repetition gate."""
+    entries = aggregates(record, units)
+    return entries, record.summary.complete and gate_passed(entries)
 
 
 def load_units(store: Any, record: EvaluationRecord) -> dict[str, ScoreUnit]:
@@ -48,20 +58,24 @@ def summary(store: Any, record_oid: str, record: EvaluationRecord,
             "complete": unit.complete, "judge_calls": unit.judge_calls if not ref.reused else 0,
         }
     s = record.summary
+    entries, passed = gated(record, units)
     return {
         "run_id": record.run_id, "kind": record.kind, "snapshot_id": record.snapshot_oid,
         "record_id": record_oid, "parent_record": record.parent_record,
         "eval_set_id": record.eval_set_id, "agent_calls": s.agent_calls,
         "judge_calls": s.judge_calls, "reused_judge_samples": s.reused_judge_samples,
         "reused_units": s.reused_units, "scored_units": s.scored_units,
-        "complete": s.complete, "passed": s.passed, "exit_code": exit_code(record),
+        "complete": s.complete, "passed": passed, "exit_code": exit_code(record, passed),
+        "repetition_gate": record_gate(record),
+        "repetitions": max((a["n"] for a in entries), default=1),
         "skipped_cases": record.skipped_cases, "uninferred_cases": record.uninferred_cases,
         "unscored": s.unscored,
         "adk_history_path": record.adk_history_path,
         **coverage_of(record),
         **run_tokens(record),
         "cases": list(cases.values()),
-    } | (baseline_comparison(store, record, list(cases.values())) if compare else {})
+        "aggregates": entries,
+    } | (baseline_comparison(store, record, list(cases.values()), entries) if compare else {})
 
 
 def coverage_of(record: EvaluationRecord) -> dict[str, Any]:
@@ -71,8 +85,8 @@ def coverage_of(record: EvaluationRecord) -> dict[str, Any]:
             "coverage": c.model_dump() if c is not None else None}
 
 
-def baseline_comparison(store: Any, record: EvaluationRecord,
-                        cases: list[dict[str, Any]]) -> dict[str, Any]:
+def baseline_comparison(store: Any, record: EvaluationRecord, cases: list[dict[str, Any]],
+                        entries: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """``baseline``, ``regressions`` and ``fixes`` of a record compared with a baseline."""
     from evalsnap.errors import EvalsnapError
     from evalsnap.reports.regressions import compare
@@ -81,7 +95,8 @@ def baseline_comparison(store: Any, record: EvaluationRecord,
     if b is None:
         return {}
     baseline: dict[str, Any] = b.model_dump()
-    head: dict[str, Any] = {"baseline": baseline, "regressions": [], "fixes": [], "not_compared": 0}
+    head: dict[str, Any] = {"baseline": baseline, "regressions": [], "fixes": [], "not_compared": 0,
+                            "metric_deltas": []}
     if b.record_oid is None:
         baseline["note"] = "no earlier full run of this eval set to compare with"
         return head
@@ -92,7 +107,8 @@ def baseline_comparison(store: Any, record: EvaluationRecord,
         baseline["note"] = f"the baseline cannot be read: {exc}"
         return head
     baseline["created_at"] = base.created_at
-    return head | compare({"cases": cases}, before, b.tolerance)
+    return head | compare({"cases": cases, "aggregates": entries or []}, before, b.tolerance,
+                          b.alpha)
 
 
 def _counts(counts: TokenCounts | None) -> dict[str, int | None] | None:
@@ -141,10 +157,51 @@ def tokens_caption(result: dict[str, Any]) -> str:
             f" · estimated cost {cost_text(result)}")
 
 
-def score_table(result: dict[str, Any]) -> Any:
-    """A rich Table: cases × metrics, reused marked, disagreements shown."""
+def _caption(result: dict[str, Any]) -> str:
+    return (f"agent calls {result['agent_calls']} · judge calls {result['judge_calls']}"
+            f" · scored {result['scored_units']} · reused {result['reused_units']} (↺)"
+            f" · {'complete' if result['complete'] else 'INCOMPLETE'}"
+            f" · {'PASSED' if result['passed'] else 'NOT PASSED'}\n"
+            f"{tokens_caption(result)}" + "".join(f"\n{line}" for line in comparison_lines(result)))
+
+
+def ci_text(ci: list[float] | None) -> str:
+    """``[0.23, 0.88]``, or ``—`` without scored repetitions."""
+    return "—" if ci is None else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
+def aggregate_table(result: dict[str, Any]) -> Any:
+    """A rich Table: one row per case × metric over its repetitions (k/n passed, the Wilson
+    interval, mean ± stdev, verdict, the gate's status)."""
     from rich.table import Table
 
+    table = Table(title=f"{result['eval_set_id']} — run {result['run_id']}{subset_text(result)}"
+                        f" · {result['repetitions']} repetitions · gate {result['repetition_gate']}")
+    table.add_column("case")
+    table.add_column("metric")
+    for name in ("passed k/n [95% Wilson]", "mean±sd", "verdict", "status"):
+        table.add_column(name, justify="center", no_wrap=True)
+    colors = {"PASSED": "green", "FAILED": "red", "NOT_EVALUATED": "yellow"}
+    verdicts = {"passing": "green", "failing": "red", "flaky": "magenta", "incomplete": "yellow"}
+    for a in result["aggregates"]:
+        mean = "—" if a["mean_score"] is None else f"{a['mean_score']:.2f}"
+        if a["score_stdev"] is not None:
+            mean += f"±{a['score_stdev']:.2f}"
+        table.add_row(a["eval_id"], a["metric"], f"{a['passed']}/{a['n']} {ci_text(a['pass_rate_ci95'])}"
+                      + (f" ({a['incomplete']} incomplete)" if a["incomplete"] else ""), mean,
+                      f"[{verdicts[a['verdict']]}]{a['verdict']}[/]",
+                      f"[{colors.get(a['status'], 'white')}]{a['status']}[/]")
+    table.caption = _caption(result) + "\nper repetition: evalsnap show RUN --all"
+    return table
+
+
+def score_table(result: dict[str, Any], detail: bool = False) -> Any:
+    """A rich Table: with repetitions, one row per case × metric (:func:`aggregate_table`)
+    unless ``detail``; else cases × metrics, reused marked, disagreements shown."""
+    from rich.table import Table
+
+    if not detail and result.get("repetitions", 1) > 1 and result.get("aggregates"):
+        return aggregate_table(result)
     metrics: list[str] = []
     for case in result["cases"]:
         for name in case["metrics"]:
@@ -175,12 +232,7 @@ def score_table(result: dict[str, Any]) -> Any:
                 cell += " ↺"
             cells.append(cell)
         table.add_row(label, *cells, tokens_text(case.get("tokens")))
-    table.caption = (f"agent calls {result['agent_calls']} · judge calls {result['judge_calls']}"
-                     f" · scored {result['scored_units']} · reused {result['reused_units']} (↺)"
-                     f" · {'complete' if result['complete'] else 'INCOMPLETE'}"
-                     f" · {'PASSED' if result['passed'] else 'NOT PASSED'}\n"
-                     f"{tokens_caption(result)}" + "".join(
-                         f"\n{line}" for line in comparison_lines(result)))
+    table.caption = _caption(result)
     return table
 
 
@@ -206,5 +258,10 @@ def comparison_lines(result: dict[str, Any]) -> list[str]:
     for kind, entries in (("REGRESSED", regressions), ("fixed", fixes)):
         for e in entries:
             rep = f" #{e['repetition']}" if e["repetition"] else ""
-            lines.append(f"  {kind} {e['eval_id']}{rep} · {e['metric']}: {e['change']}")
+            what = kind if e.get("significant", True) else f"{kind.lower()} (within noise)"
+            lines.append(f"  {what} {e['eval_id']}{rep} · {e['metric']}: {e['change']}")
+    for d in result.get("metric_deltas") or []:
+        lines.append(f"  Δ {d['metric']}: mean score {d['mean_delta']:+.3f} over {d['cases']} "
+                     f"case(s), 95% bootstrap {ci_text(d['ci95'])}"
+                     + (" (excludes 0)" if d["excludes_zero"] else ""))
     return lines

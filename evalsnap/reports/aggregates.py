@@ -1,0 +1,159 @@
+"""Aggregates over repetitions: one entry per case × metric, read from its repetitions' units.
+
+Every repetition is an ordinary unit; this module reads them together. The statistics come
+from scipy (STYLE 22), each estimator named here and in ``docs/repetitions.md``:
+
+* ``pass_rate`` = passed / scored, ``pass_rate_ci95`` its Wilson score interval
+  (``scipy.stats.binomtest(passed, scored).proportion_ci(0.95, method="wilson")``);
+* ``pass_at_k`` / ``pass_hat_k``, for k = 1…scored, the unbiased estimators
+  pass@k = 1 − C(scored − passed, k) / C(scored, k) and pass^k = C(passed, k) / C(scored, k)
+  (``scipy.special.comb`` with ``exact=True``);
+* ``mean_score`` / ``score_stdev``: mean and sample standard deviation of the repetitions'
+  scores (None with fewer than 1 / 2 scores).
+
+*Scored* repetitions are the complete ``PASSED`` / ``FAILED`` ones; a repetition whose unit
+is not complete, or that has no unit (its inference failed), is ``incomplete``.
+
+The **repetition gate** (``--repetition-gate``) gives each entry its ``status``:
+
+* ``mean`` (default) — ADK ``AgentEvaluator``'s rule: the mean of the per-invocation scores
+  of all repetitions against the threshold, higher-is-better unless every scored invocation
+  whose score is not the threshold says otherwise by its own PASSED/FAILED;
+* ``every`` — every repetition passed (pass^n);
+* ``rate:P`` — the pass rate is at least P.
+
+An entry with an incomplete repetition is ``NOT_EVALUATED`` whatever the gate: the run is
+incomplete (exit 3), never passed on part of its repetitions.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from typing import Any
+
+from evalsnap.gates import check_gate, rate_of
+
+__all__ = ["aggregate", "aggregates", "check_gate", "gate_passed", "pass_at_k", "record_gate",
+           "wilson"]
+
+
+def wilson(passed: int, n: int) -> list[float] | None:
+    """The 95% Wilson score interval of ``passed`` of ``n`` (None for n = 0)."""
+    if n == 0:
+        return None
+    from scipy.stats import binomtest
+
+    ci = binomtest(passed, n).proportion_ci(confidence_level=0.95, method="wilson")
+    return [float(ci.low), float(ci.high)]
+
+
+def pass_at_k(passed: int, n: int) -> tuple[dict[str, float], dict[str, float]]:
+    """pass@k and pass^k for k = 1…n, keyed by ``str(k)``."""
+    from scipy.special import comb
+
+    at, hat = {}, {}
+    for k in range(1, n + 1):
+        total = comb(n, k, exact=True)
+        at[str(k)] = 1.0 - comb(n - passed, k, exact=True) / total
+        hat[str(k)] = comb(passed, k, exact=True) / total
+    return at, hat
+
+
+def _adk_mean_gate(units: list[Any]) -> tuple[float | None, bool, str]:
+    """ADK ``AgentEvaluator``'s verdict on one metric over all repetitions: the pooled
+    per-invocation mean, the inferred direction, and PASSED / FAILED / NOT_EVALUATED."""
+    rows = [(r.score, r.status, u.threshold) for u in units for r in u.rows]
+    if not rows:  # a metric that gave no rows: its own score stands for its invocations
+        rows = [(u.gate_score, u.status, u.threshold) for u in units]
+    scored = [(s, st, t) for s, st, t in rows if s is not None]
+    threshold = units[0].threshold
+    directions = {(s > threshold) == (st == "PASSED") for s, st, _ in scored
+                  if s != threshold and st in ("PASSED", "FAILED")}
+    higher = directions.pop() if len(directions) == 1 else True
+    if not scored:
+        return None, higher, "NOT_EVALUATED"
+    mean = statistics.mean(s for s, _, _ in scored)
+    ok = mean >= threshold if higher else mean <= threshold
+    return mean, higher, "PASSED" if ok else "FAILED"
+
+
+def aggregate(eval_id: str, metric: str, reps: dict[int, Any], repetitions: list[int],
+              gate: str) -> dict[str, Any]:
+    """The aggregate of one case × metric: ``reps`` maps a repetition to its unit (a
+    repetition of ``repetitions`` without one is incomplete)."""
+    units = [reps[r] for r in repetitions if r in reps]
+    complete = [u for u in units if u.complete and u.status in ("PASSED", "FAILED")]
+    passed = sum(u.status == "PASSED" for u in complete)
+    failed = len(complete) - passed
+    n = len(repetitions)
+    incomplete = n - passed - failed
+    scored = passed + failed
+    scores = [u.score for u in complete if u.score is not None]
+    at, hat = pass_at_k(passed, scored)
+    gate_score, higher, mean_status = _adk_mean_gate(units) if units else (None, True, "NOT_EVALUATED")
+    if incomplete:
+        verdict, status = "incomplete", "NOT_EVALUATED"
+    else:
+        verdict = "passing" if passed == n else "failing" if passed == 0 else "flaky"
+        if gate == "mean":
+            status = mean_status
+        elif gate == "every":
+            status = "PASSED" if passed == n else "FAILED"
+        else:
+            status = "PASSED" if passed / n >= (rate_of(gate) or 0.0) else "FAILED"
+    return {
+        "eval_id": eval_id, "metric": metric, "n": n, "passed": passed, "failed": failed,
+        "incomplete": incomplete, "scored": scored,
+        "pass_rate": passed / scored if scored else None,
+        "pass_rate_ci95": wilson(passed, scored),
+        "mean_score": statistics.mean(scores) if scores else None,
+        "score_stdev": statistics.stdev(scores) if len(scores) > 1 else None,
+        "pass_at_k": at, "pass_hat_k": hat, "verdict": verdict, "status": status,
+        "gate": gate, "gate_score": gate_score, "higher_is_better": higher,
+        "threshold": units[0].threshold if units else None,
+        "repetitions": [{"repetition": r, "status": reps[r].status if r in reps else "NOT_EVALUATED",
+                         "score": reps[r].score if r in reps else None,
+                         "complete": bool(r in reps and reps[r].complete)} for r in repetitions],
+    }
+
+
+def aggregates(record: Any, units: dict[str, Any], gate: str | None = None) -> list[dict[str, Any]]:
+    """Every case × metric of ``record`` (informational metrics left out), in the record's
+    order; ``gate`` defaults to the one the record was run with."""
+    gate = gate or record_gate(record)
+    reps_of: dict[str, list[int]] = {}
+    for rep in _pairs(record):
+        reps_of.setdefault(rep[0], [])
+        if rep[1] not in reps_of[rep[0]]:
+            reps_of[rep[0]].append(rep[1])
+    by_key: dict[tuple[str, str], dict[int, Any]] = {}
+    for ref in record.units:
+        by_key.setdefault((ref.eval_id, ref.metric_name), {})[ref.repetition] = units[ref.unit_oid]
+    metrics = list(dict.fromkeys(ref.metric_name for ref in record.units))
+    out = []
+    for eval_id, repetitions in reps_of.items():
+        for metric in metrics:
+            reps = by_key.get((eval_id, metric), {})
+            if reps and all(u.status == "INFORMATIONAL" for u in reps.values()):
+                continue
+            out.append(aggregate(eval_id, metric, reps, sorted(repetitions), gate))
+    return out
+
+
+def _pairs(record: Any) -> Iterable[tuple[str, int]]:
+    for inf in record.inference:
+        yield inf.eval_id, inf.repetition
+    for ref in record.units:
+        yield ref.eval_id, ref.repetition
+
+
+def record_gate(record: Any) -> str:
+    """The repetition gate a record was run with (older records: ``mean``)."""
+    c = record.coverage
+    return (c.repetition_gate if c is not None else None) or "mean"
+
+
+def gate_passed(entries: list[dict[str, Any]]) -> bool:
+    """Whether every case × metric passed its repetition gate."""
+    return all(e["status"] == "PASSED" for e in entries)

@@ -1,0 +1,244 @@
+"""Issue 28: repetitions read together, through the real CLI, on a scripted flaky agent.
+
+The agent (``tests/fixtures/flaky_agent``) passes its cases 5, 3, 1 and 0 of every 5
+repetitions; ``response_match_score`` at 0.5 scores each repetition 1.0 or 0.0. Every
+statistic is checked against an independent computation here (``math.comb``, a
+hand-written Wilson interval and Fisher test), and the default gate against ADK's own
+``AgentEvaluator`` case by case.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from tests._cli import run_inproc
+
+FIXTURE = Path(__file__).parent / "fixtures" / "flaky_agent"
+PASSES = {"always": 5, "mostly": 3, "rarely": 1, "never": 0}
+TEXT = "{}: pass={}/5 what colour is the sky?"
+Z = 1.959963984540054  # the 97.5% normal quantile
+
+
+def wilson(k: int, n: int) -> tuple[float, float]:
+    """The Wilson score interval, by its formula."""
+    p = k / n
+    denom = 1 + Z * Z / n
+    centre = (p + Z * Z / (2 * n)) / denom
+    half = Z / denom * math.sqrt(p * (1 - p) / n + Z * Z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def fisher_two_sided(a: int, b: int, c: int, d: int) -> float:
+    """Fisher's exact test on [[a, b], [c, d]]: the tables with the same margins that are at
+    most as likely as the observed one."""
+    row, col, n = a + b, a + c, a + b + c + d
+
+    def prob(x: int) -> float:
+        return math.comb(col, x) * math.comb(n - col, row - x) / math.comb(n, row)
+
+    observed = prob(a)
+    return sum(prob(x) for x in range(max(0, row + col - n), min(row, col) + 1)
+               if prob(x) <= observed * (1 + 1e-7))
+
+
+@pytest.fixture
+def flaky(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A copy of the flaky agent (its ADK history copy lands there), importable as
+    ``flaky_agent`` for ADK's AgentEvaluator, with fresh call counts."""
+    root = tmp_path / "agents"
+    shutil.copytree(FIXTURE, root / "flaky_agent")
+    monkeypatch.syspath_prepend(str(root))
+    from flaky_agent import agent
+
+    agent.reset()
+    yield {"agent": root / "flaky_agent", "evalset": root / "flaky_agent" / "flaky.evalset.json",
+           "store": tmp_path / "store", "module": agent}
+    agent.reset()
+
+
+def _run(flaky, *extra: str):
+    return run_inproc("run", str(flaky["agent"]), str(flaky["evalset"]),
+                      "--store", str(flaky["store"]), "--json", *extra)
+
+
+def _aggs(result: dict) -> dict[str, dict]:
+    return {a["eval_id"]: a for a in result["aggregates"]}
+
+
+def _adk_passes(flaky, eval_id: str, num_runs: int) -> bool:
+    """ADK's own AgentEvaluator on one case of the eval set, ``num_runs`` runs."""
+    from google.adk.evaluation.agent_evaluator import AgentEvaluator
+    from google.adk.evaluation.eval_config import EvalConfig
+    from google.adk.evaluation.eval_set import EvalSet
+
+    eval_set = EvalSet.model_validate_json(flaky["evalset"].read_text("utf-8"))
+    eval_set = eval_set.model_copy(update={"eval_cases": [
+        c for c in eval_set.eval_cases if c.eval_id == eval_id]})
+    config = EvalConfig.model_validate_json((flaky["agent"] / "test_config.json").read_text("utf-8"))
+    try:
+        asyncio.run(AgentEvaluator.evaluate_eval_set(
+            agent_module="flaky_agent", eval_set=eval_set, eval_config=config,
+            num_runs=num_runs, print_detailed_results=False))
+    except AssertionError:
+        return False
+    return True
+
+
+def test_aggregates_statistics_and_adk_gate(flaky, tmp_path: Path):
+    r = _run(flaky, "--repetitions", "5")
+    assert r.code == 1, r.stderr[-3000:]
+    result = r.json
+    assert result["agent_calls"] == 20 and result["repetition_gate"] == "mean"
+    assert not result["passed"] and result["exit_code"] == 1
+    aggs = _aggs(result)
+    assert set(aggs) == set(PASSES)
+    for eval_id, c in PASSES.items():
+        a = aggs[eval_id]
+        assert a["metric"] == "response_match_score"
+        assert (a["n"], a["passed"], a["failed"], a["incomplete"]) == (5, c, 5 - c, 0)
+        assert a["pass_rate"] == pytest.approx(c / 5)
+        assert a["pass_rate_ci95"] == pytest.approx(list(wilson(c, 5)), abs=1e-9)
+        assert a["mean_score"] == pytest.approx(c / 5)
+        scores = [1.0] * c + [0.0] * (5 - c)
+        mean = sum(scores) / 5
+        assert a["score_stdev"] == pytest.approx(
+            math.sqrt(sum((s - mean) ** 2 for s in scores) / 4))
+        for k in range(1, 6):
+            assert a["pass_at_k"][str(k)] == pytest.approx(
+                1 - math.comb(5 - c, k) / math.comb(5, k))
+            assert a["pass_hat_k"][str(k)] == pytest.approx(math.comb(c, k) / math.comb(5, k))
+        assert a["verdict"] == {5: "passing", 0: "failing"}.get(c, "flaky")
+        # the default gate: the mean of all repetitions' per-invocation scores vs 0.5
+        assert a["status"] == ("PASSED" if c / 5 >= 0.5 else "FAILED")
+    # ADK's own AgentEvaluator agrees case by case (its own inference, the same script)
+    flaky["module"].reset()
+    adk = {eval_id: _adk_passes(flaky, eval_id, 5) for eval_id in PASSES}
+    assert adk == {e: aggs[e]["status"] == "PASSED" for e in PASSES}
+    assert adk == {"always": True, "mostly": True, "rarely": False, "never": False}
+
+    # the score table: one row per case × metric with k/n and the interval
+    shown = run_inproc("show", result["run_id"], "--store", str(flaky["store"]))
+    assert shown.code == 0, shown.stderr[-2000:]
+    assert "3/5" in shown.stdout and "[0.23, 0.88]" in shown.stdout
+    assert "flaky" in shown.stdout and "gate mean" in shown.stdout
+    detail = run_inproc("show", result["run_id"], "--store", str(flaky["store"]), "--all")
+    assert "mostly #4" in detail.stdout
+    full = run_inproc("show", result["run_id"], "--store", str(flaky["store"]), "--json").json
+    assert {a["eval_id"]: a["passed"] for a in full["aggregates"]} == PASSES
+
+    # JUnit: one test case per case × metric, its repetitions in the text
+    out = tmp_path / "junit.xml"
+    rep = run_inproc("report", result["run_id"], "--junit", str(out), "--store", str(flaky["store"]))
+    assert rep.code == 0, rep.stderr[-2000:]
+    suite = ET.parse(out).getroot().find("testsuite")
+    cases = {tc.get("classname").rsplit(".", 1)[-1]: tc for tc in suite.findall("testcase")}
+    assert len(suite.findall("testcase")) == 4 and suite.get("failures") == "2"
+    assert cases["rarely"].find("failure") is not None
+    assert cases["mostly"].find("failure") is None
+    text = cases["mostly"].find("system-out").text
+    assert "3/5 repetitions passed (flaky" in text and text.count("  repetition ") == 5
+
+
+def test_gate_choices_reuse_every_unit(flaky):
+    first = _run(flaky, "--repetitions", "5")
+    assert first.code == 1
+    calls = flaky["module"].calls()
+    expected = {"every": {"always"}, "rate:0.6": {"always", "mostly"},
+                "rate:0.2": {"always", "mostly", "rarely"}, "mean": {"always", "mostly"}}
+    for gate, passing in expected.items():
+        r = _run(flaky, "--repetitions", "5", "--reuse", "--repetition-gate", gate)
+        result = r.json
+        assert (result["agent_calls"], result["judge_calls"], result["scored_units"]) == (0, 0, 0)
+        assert result["reused_units"] == 20 and result["repetition_gate"] == gate
+        assert {a["eval_id"] for a in result["aggregates"] if a["status"] == "PASSED"} == passing
+        assert r.code == 1 and not result["passed"]
+    assert flaky["module"].calls() == calls  # not one model call more
+    only = run_inproc("run", str(flaky["agent"]), str(flaky["evalset"]) + ":always,mostly",
+                      "--store", str(flaky["store"]), "--json", "--repetitions", "5", "--reuse",
+                      "--repetition-gate", "rate:0.6")
+    assert only.code == 0 and only.json["passed"]
+    rescored = run_inproc("rescore", first.json["run_id"], "--store", str(flaky["store"]),
+                          "--reuse", "--repetition-gate", "every", "--json")
+    assert rescored.json["scored_units"] == 0 and rescored.json["repetition_gate"] == "every"
+    assert _aggs(rescored.json)["mostly"]["status"] == "FAILED"
+    bad = _run(flaky, "--repetition-gate", "rate:2")
+    assert bad.code == 2 and "--repetition-gate" in bad.stderr
+
+
+def test_assert_agent_passes_follows_adk_mean_rule(flaky):
+    from evalsnap.testing import assert_agent_passes
+
+    with pytest.raises(AssertionError) as caught:
+        assert_agent_passes(flaky["agent"], flaky["evalset"], num_runs=5,
+                            store=str(flaky["store"]))
+    message = str(caught.value)
+    assert "rarely · response_match_score" in message and "never · response_match_score" in message
+    assert "mostly" not in message and "always" not in message  # 3 of 5: mean 0.6 passes
+
+
+def test_more_repetitions_run_only_the_new_ones(flaky):
+    assert _run(flaky, "--repetitions", "5").code == 1
+    flaky["module"].reset()
+    r = _run(flaky, "--repetitions", "7", "--reuse")
+    result = r.json
+    assert result["agent_calls"] == 4 * 2 and flaky["module"].calls() == 8
+    reused = {(c["eval_id"], c["repetition"]): c["inference_reused"] for c in result["cases"]}
+    assert all(reused[(e, rep)] for e in PASSES for rep in range(5))
+    assert not any(reused[(e, rep)] for e in PASSES for rep in (5, 6))
+    # the new repetitions' units are ordinary units (identical answers score as one unit)
+    assert result["reused_units"] + result["scored_units"] == 28
+    units = {(c["eval_id"], c["repetition"]): c["metrics"]["response_match_score"]
+             for c in result["cases"]}
+    assert all(units[(e, rep)]["reused"] for e in PASSES for rep in range(5))
+    assert {a["eval_id"]: a["n"] for a in result["aggregates"]} == dict.fromkeys(PASSES, 7)
+
+
+def test_regressions_are_not_noise(flaky):
+    base = _run(flaky, "--repetitions", "5").json
+    overrides = flaky["module"].state().override
+
+    # tonight the 3-of-5 case drew 2 of 5: a drop, but within noise
+    overrides[TEXT.format("mostly", 3)] = (2, 5)
+    r = _run(flaky, "--repetitions", "5", "--baseline", base["run_id"], "--fail-on", "regression")
+    assert r.code == 0, r.stderr[-3000:]
+    [reg] = r.json["regressions"]
+    assert (reg["eval_id"], reg["passed_before"], reg["passed_after"]) == ("mostly", 3, 2)
+    assert reg["p_value"] == pytest.approx(fisher_two_sided(3, 2, 2, 3)) == pytest.approx(1.0)
+    assert reg["significant"] is False and "within noise" in reg["change"]
+
+    # and the always-passing case broke: 5 of 5 → 0 of 5 is significant (p ≈ 0.0079)
+    overrides[TEXT.format("always", 5)] = (0, 5)
+    r = _run(flaky, "--repetitions", "5", "--baseline", base["run_id"], "--fail-on", "regression")
+    assert r.code == 1
+    regs = {e["eval_id"]: e for e in r.json["regressions"]}
+    assert regs["always"]["p_value"] == pytest.approx(fisher_two_sided(5, 0, 0, 5))
+    assert regs["always"]["p_value"] == pytest.approx(2 / math.comb(10, 5), rel=1e-9)
+    assert regs["always"]["significant"] and not regs["mostly"]["significant"]
+    assert "REGRESSED" in r.stderr and "always" in r.stderr
+    # a stricter alpha makes even 5/5 → 0/5 noise
+    strict = _run(flaky, "--repetitions", "5", "--baseline", base["run_id"],
+                  "--fail-on", "regression", "--alpha", "0.005")
+    assert strict.code == 0 and not any(e["significant"] for e in strict.json["regressions"])
+
+    # the mean score difference per metric, with a seeded paired bootstrap interval
+    [delta] = r.json["metric_deltas"]
+    before = {e: c / 5 for e, c in PASSES.items()}
+    after = before | {"mostly": 0.4, "always": 0.0}
+    diffs = [after[e] - before[e] for e in PASSES]
+    assert delta["metric"] == "response_match_score" and delta["cases"] == 4
+    assert delta["mean_delta"] == pytest.approx(sum(diffs) / 4)
+    low, high = delta["ci95"]
+    assert min(diffs) <= low <= delta["mean_delta"] <= high <= max(diffs)
+    assert delta["excludes_zero"] == (low > 0 or high < 0)
+    from evalsnap.reports.regressions import compare
+
+    again = compare(r.json, base, 0.0, 0.05)["metric_deltas"][0]
+    assert again["ci95"] == delta["ci95"]  # the same records give the same interval
+    assert json.dumps(again) == json.dumps(delta)
