@@ -156,7 +156,7 @@ def test_compare_tolerance_and_incomplete():
     assert compare(after, before)["regressions"] == [
         {"eval_id": "b", "repetition": 0, "metric": "m", "change": "complete → incomplete",
          "status_before": "PASSED", "status_after": "NOT_EVALUATED", "score_before": 0.9,
-         "score_after": None}]
+         "score_after": None, "p_value": None, "significant": True}]
     found = compare(after, before, tolerance=0.1)
     assert [(r["eval_id"], r["change"]) for r in found["regressions"]] == [
         ("a", "score 0.900 → 0.700 (drop > 0.1)"), ("b", "complete → incomplete")]
