@@ -23,6 +23,23 @@ _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
         "trailers", "transfer-encoding", "upgrade", "content-length", "host"}
 
 
+def _area(path: str) -> str:
+    """``v1/objects/unit`` / ``v1/refs/index/unit`` / ``v1/prefect`` … of a request path (a
+    listing's prefix parameter included), for the breakdown."""
+    from urllib.parse import unquote
+
+    text = unquote(unquote(path))
+    for marker in ("/o/", "prefix=", "name="):  # GCS: the object's name comes after these
+        if marker in text:
+            text = text.split(marker, 1)[1]
+            break
+    if "v1/" not in text:
+        return "bucket"
+    parts = text.split("v1/", 1)[1].replace("&", "/").replace("?", "/").split("/")
+    depth = 3 if parts[0] == "refs" and len(parts) > 2 and parts[1] == "index" else 2
+    return "v1/" + "/".join(parts[:depth])
+
+
 class LatencyProxy:
     """``with LatencyProxy(upstream, latency_ms) as proxy:`` → ``proxy.url``, ``proxy.counts``."""
 
@@ -30,6 +47,8 @@ class LatencyProxy:
         self.upstream = upstream.rstrip("/")
         self.latency = latency_ms / 1000.0
         self.counts: Counter[str] = Counter()
+        self.paths: Counter[str] = Counter()
+        """Requests by method and store area (``GET v1/objects/unit``): where they go."""
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -42,12 +61,15 @@ class LatencyProxy:
         with self._lock:
             out = dict(self.counts)
             self.counts.clear()
+            self.last_paths = dict(self.paths)
+            self.paths.clear()
         out["total"] = sum(out.values())
         return out
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         with self._lock:
             self.counts[request.method] += 1
+            self.paths[f"{request.method} {_area(request.path_qs)}"] += 1
         if self.latency:
             await asyncio.sleep(self.latency)
         body = await request.read()

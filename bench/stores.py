@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # before gcsfs is imported
 import shutil
 import tempfile
 import time
@@ -123,10 +125,18 @@ def _pair(work: Path, agent: Path, evalset: Path, backend: str, latency: float,
             if proxy is not None:
                 proxy.reset()
             started = time.monotonic()
-            res = measure(evalsnap_cmd("run", str(agent), str(evalset), "--store", store,
-                                       *extra), env)
+            cmd = evalsnap_cmd("run", str(agent), str(evalset), "--store", store, *extra)
+            res = measure(cmd, env)
             wall = time.monotonic() - started
+            if "store_requests" not in res:  # the run failed: say why, once
+                import subprocess
+
+                err = subprocess.run(cmd[3:], env=env, capture_output=True, text=True).stderr
+                raise RuntimeError(f"{backend} {kind} failed: {err[-3000:]}")
             seen = proxy.reset() if proxy is not None else None
+            if proxy is not None and os.environ.get("BENCH_PATHS"):
+                print(backend, kind, json.dumps(dict(sorted(proxy.last_paths.items()))),
+                      flush=True)
             row = {"backend": backend, "latency_ms": latency if backend != "local" else 0,
                    "run": kind, "wall": wall, "agent_calls": res.get("agent_calls"),
                    "judge_calls": res.get("judge_calls"),

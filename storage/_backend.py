@@ -31,11 +31,6 @@ from fsspec.asyn import AsyncFileSystem
 
 from storage.errors import StorageError, StoreUnavailable
 
-# gcsfs reads this once, when it is first imported (fsspec imports it lazily, on the first
-# gs:// URL). Its experimental zonal/HNS client probes bucket types through extra APIs that
-# emulators and ordinary buckets do not need.
-os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-
 __all__ = ["Backend", "FileInfo", "RequestCounts", "accepted_options", "backend_errors",
            "open_backend", "redact"]
 
@@ -369,19 +364,18 @@ class _Oversize(Exception):
 def _md5_of(info: Mapping[str, Any]) -> str | None:
     """The MD5 (hex) of a listed file's bytes, where the listing proves it: an S3 ETag of a
     single-part upload (multipart ETags have a ``-``), a GCS ``md5Hash`` (base64)."""
-    etag = info.get("ETag") or info.get("etag")
-    if isinstance(etag, str):
-        etag = etag.strip('"').lower()
-        return etag if re.fullmatch(r"[0-9a-f]{32}", etag) else None
-    md5 = info.get("md5Hash")
+    md5 = info.get("md5Hash")  # GCS (its own "etag" is not an MD5)
     if isinstance(md5, str):
         try:
             raw = base64.b64decode(md5, validate=True)
         except (ValueError, TypeError):
             return None
         return raw.hex() if len(raw) == 16 else None
+    etag = info.get("ETag")  # S3
+    if isinstance(etag, str):
+        etag = etag.strip('"').lower()
+        return etag if re.fullmatch(r"[0-9a-f]{32}", etag) else None
     return None
-
 
 def redact(url: str) -> str:
     """``url`` with any ``user:password@`` part replaced, for error messages."""
@@ -405,6 +399,11 @@ def open_backend(
     if protocol == "file":
         # Relative paths are resolved now, so the URL means the same thing from any cwd.
         rest = os.path.abspath(os.path.expanduser(rest))
+    if protocol == "gs" and "gcsfs" not in sys.modules:
+        # gcsfs reads this once, when it is first imported (fsspec imports it on the first
+        # gs:// URL, i.e. now). Its experimental zonal/HNS client probes bucket types through
+        # APIs emulators and ordinary buckets do not need (60 s per call on an emulator).
+        os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     options: dict[str, Any] = {**_defaults(protocol, storage_options or {})}
     options.update(_coerce(storage_options or {}))
     try:

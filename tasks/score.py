@@ -126,9 +126,13 @@ def scoring_pool(plan: Plan, run: RunOptions, runner: str) -> Iterator[Any]:
         return
     from prefect.task_runners import ProcessPoolTaskRunner
 
+    from evalsnap import startup
+
+    # the start-up tricks first (child_start), then _warm: its imports come after them
     with ProcessPoolTaskRunner(
-            max_workers=s.scoring_process_count, initializer=_warm,
-            initargs=(plan.store_url, repo.storage_options_of(plan.store_url), plan.sys_paths,
+            max_workers=s.scoring_process_count, initializer=startup.child_start,
+            initargs=("tasks.score:_warm", plan.store_url,
+                      repo.storage_options_of(plan.store_url), plan.sys_paths,
                       plan.metric_names, (plan.agent_dir, plan.agent_name),
                       os.getpid())) as pool:
         pool.submit(prepare_scoring_task, {})

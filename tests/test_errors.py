@@ -24,7 +24,7 @@ import pytest
 
 import evalsnap.errors as errors
 from evalsnap.errors import EvalsnapError, UnsupportedSchemaVersion
-from storage import CorruptObjectError, InvalidId, ObjectNotFound, StorageError, StoreUnavailable
+from storage import CorruptObjectError, InvalidId, ObjectNotFound, StorageError, StoreUnavailable, TooLarge
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("evalsnap", "storage")
@@ -34,6 +34,7 @@ SAMPLES: dict[type[BaseException], BaseException] = {
     CorruptObjectError: CorruptObjectError("s3://b/v1/objects/unit/ab/cd", "sha256:" + "0" * 64,
                                            "sha256:" + "1" * 64),
     ObjectNotFound: ObjectNotFound("gs://b/v1/objects/record/ab/cd"),
+    TooLarge: TooLarge("s3://b/v1/refs/runs/r1", 256 * 2**20),
     StoreUnavailable: StoreUnavailable("s3://b/p", "bucket 'b' does not exist"),
     InvalidId: InvalidId("../x", "ref name", "it contains '..'"),
     UnsupportedSchemaVersion: UnsupportedSchemaVersion("record sha256:ab", 9, 1),

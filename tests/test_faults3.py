@@ -124,9 +124,6 @@ def test_a_memory_store_scores_in_one_process(shop_copy: Path) -> None:
 
 # ---- items 9, 13, 14: bad input is exit 2 -------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "needs flows/evaluate.py (not this change's): Prefect validates the flow's "
-    "`repetitions: Field(ge=1)` before plan_evaluate's UsageError can run"))
 @pytest.mark.parametrize("repetitions", ["0", "-1"])
 def test_repetitions_below_one_is_exit_2(shop_copy: Path, store_dir: Path,
                                           repetitions: str) -> None:

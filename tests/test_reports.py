@@ -1,6 +1,6 @@
 """``report`` (HTML page, JUnit XML), ``history``, and the page every run publishes.
 
-One store, made by the real CLI in fresh processes: record A (``run`` of the shop agent,
+One store, made by the real CLI (in the test process, :mod:`tests._cli`): record A (``run`` of the shop agent,
 whose eval set carries markup in one reference answer), then record B (``rescore A
 --reuse`` with stricter thresholds: units that passed in A fail in B, 0 agent calls).
 Every number the tests expect is computed from ``show --json`` of the same record.
@@ -256,7 +256,9 @@ def test_history_json_and_table(made: dict[str, Any]) -> None:
     assert missing.code == 2 and "evalsnap ls" in missing.stderr
 
 
-def test_every_run_publishes_its_report_before_its_manifest(made: dict[str, Any]) -> None:
+def test_every_run_publishes_its_report_after_its_commit(made: dict[str, Any]) -> None:
+    """Commit, then present (issue 26 item 6): the page is written after the manifest, so a
+    signal waits only for the commit; `evalsnap report` renders a missing page again."""
     store = Path(made["store"])
     for name in ("a", "b"):
         hexid = made[name]["record_id"].removeprefix("sha256:")
@@ -264,10 +266,10 @@ def test_every_run_publishes_its_report_before_its_manifest(made: dict[str, Any]
         manifest = store / "v1" / "refs" / "runs" / made[name]["run_id"]
         assert page_file.is_file(), f"expected the run to publish {page_file}"
         assert page_file.with_suffix(".json").is_file(), "expected its history point beside it"
-        assert page_file.stat().st_mtime_ns <= manifest.stat().st_mtime_ns
+        assert page_file.stat().st_mtime_ns >= manifest.stat().st_mtime_ns
         page = parse_page(page_file.read_text("utf-8"))
         check_numbers(page, made["show"][name], made[name])
-    # B's trend shows A then B (B's own manifest did not exist yet when its page was made)
+    # B's trend shows A then B
     assert page.trend_points["response_match_score"] == [made["a"]["run_id"], made["b"]["run_id"]]
 
 

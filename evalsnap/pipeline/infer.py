@@ -25,6 +25,7 @@ from evalsnap.adk.inference import now_iso, run_inference
 from evalsnap.pipeline import limits, progress, reuse, runners
 from evalsnap.pipeline.outcomes import InferenceOutcome
 from evalsnap.records import InferenceRecord, repo
+from storage import Store
 
 
 class InferItem(BaseModel):
@@ -111,8 +112,9 @@ async def _one(batch: InferBatch, item: InferItem, attempt: int) -> InferenceOut
                                      eval_set_id=batch.eval_set_id, repetition=item.repetition,
                                      run_id=batch.run_id, attempt=attempt,
                                      fingerprint=item.fingerprint)
-    oid = repo.put(store, record)
-    repo.index_inference(store, record, oid)
+    # written as soon as it is done (a killed run keeps it), off the loop: on a bucket the
+    # write's round trips overlap the other cases' inference
+    oid = await asyncio.to_thread(_write, store, record)
     outcome = InferenceOutcome(eval_id=item.eval_id, repetition=item.repetition, oid=oid,
                                fingerprint=item.fingerprint, status=record.status,
                                model_calls=record.model_calls, run_id=batch.run_id,
@@ -120,6 +122,12 @@ async def _one(batch: InferBatch, item: InferItem, attempt: int) -> InferenceOut
     if not record.ok and record.retryable is False:
         _settle(batch.run_id, outcome)
     return outcome
+
+
+def _write(store: Store, record: InferenceRecord) -> str:
+    oid = repo.put(store, record)
+    repo.index_inference(store, record, oid)
+    return oid
 
 
 def infer_batch(batch: InferBatch, attempt: int = 1) -> list[InferenceOutcome]:

@@ -290,8 +290,8 @@ def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
             logger.warning("could not write the ADK history copy: %s", exc)
     with commits.committing():  # a signal waits for the commit to end (evalsnap.cli.signals)
         record_oid = repo.put(store, record)
-        for o in fresh + recovered:
-            repo.index_unit(store, o.unit_fingerprint, o.complete, o.unit_oid, o.run_id, record_oid)
+        repo.index_units(store, [(o.unit_fingerprint, o.complete, o.unit_oid, o.run_id)
+                                 for o in fresh + recovered], record_oid)
         repo.set_latest_record(store, snapshot.eval_set_id, record_oid, run_id)
         objects = [ManifestEntry(kind="record", oid=record_oid),
                    ManifestEntry(kind="snapshot", oid=snapshot_oid)]

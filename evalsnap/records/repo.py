@@ -323,6 +323,23 @@ def load_unit(store: Store, oid: str) -> ScoreUnit | None:
         return None
 
 
+def index_units(store: Store, items: list[tuple[str, bool, str, str]], record_oid: str) -> None:
+    """:func:`index_unit` for many units (fingerprint, complete, unit oid, run id): one batch
+    of writes; the current entries of incomplete ones are read first (in one batch), so an
+    incomplete unit never replaces a complete one."""
+    names = {hexof(fp): (fp, complete, oid, run) for fp, complete, oid, run in items}
+    incomplete = [name for name, (_, complete, _, _) in names.items() if not complete]
+    keep: set[str] = set()
+    for name in incomplete:
+        current = read_index_entry(store, "index/unit", name)
+        if current and current.get("complete"):
+            keep.add(name)
+    store.put_refs("index/unit", {
+        name: index_entry_bytes("index/unit", {"unit_oid": oid, "run_id": run,
+                                               "record_oid": record_oid, "complete": complete})
+        for name, (_, complete, oid, run) in names.items() if name not in keep})
+
+
 def index_unit(store: Store, unit_fingerprint: str, complete: bool, oid: str, run_id: str,
                record_oid: str) -> None:
     """Points the unit key at this result, never replacing a complete one by an incomplete."""
