@@ -152,3 +152,12 @@ def _record(moto: Server, prefix: str, oid: str) -> dict[str, Any]:
     data = body["Body"].read()
     assert "sha256:" + hashlib.sha256(data).hexdigest() == oid
     return json.loads(data)
+
+
+def test_the_summary_artifact_shows_what_the_run_cost_the_store(cold: dict[str, Any]) -> None:
+    from evalsnap.reports.artifacts import summary_markdown
+
+    counts = cold["json"]["store_requests"]
+    text = summary_markdown(cold["json"], f"s3://{BUCKET}/{cold['prefix']}")
+    assert (f"| store requests | {counts['total']} ({counts['list']} list, {counts['head']} head, "
+            f"{counts['get']} get, {counts['put']} put, {counts['delete']} delete) |") in text

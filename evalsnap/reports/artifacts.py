@@ -90,6 +90,15 @@ def _tokens_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _store_lines(result: dict[str, Any]) -> list[str]:
+    """What the run cost the store (a bucket bills per request), by kind."""
+    counts = result.get("store_requests")
+    if not isinstance(counts, dict):
+        return []
+    kinds = ", ".join(f"{counts.get(k, 0)} {k}" for k in ("list", "head", "get", "put", "delete"))
+    return [f"| store requests | {counts.get('total', 0)} ({kinds}) |"]
+
+
 def summary_markdown(result: dict[str, Any], store_url: str | None = None) -> str:
     """The run at a glance: verdict, case counts, reuse, model calls, ids to look up."""
     verdict = ("PASSED" if result["passed"] else "NOT PASSED") + \
@@ -110,6 +119,7 @@ def summary_markdown(result: dict[str, Any], store_url: str | None = None) -> st
         f"| agent model calls | {result['agent_calls']} |",
         f"| judge model calls | {result['judge_calls']} |",
         f"| judge samples answered from the ledger | {result['reused_judge_samples']} |",
+        *_store_lines(result),
         *_tokens_lines(result),
         "",
         f"* record: `{result['record_id']}`",
