@@ -242,3 +242,31 @@ def test_regressions_are_not_noise(flaky):
     again = compare(r.json, base, 0.0, 0.05)["metric_deltas"][0]
     assert again["ci95"] == delta["ci95"]  # the same records give the same interval
     assert json.dumps(again) == json.dumps(delta)
+
+
+def test_history_flaky_lists_cases_whose_status_flipped(flaky):
+    evalset = str(flaky["evalset"]) + ":always,mostly"
+    overrides = flaky["module"].state().override
+
+    def run() -> dict:
+        return run_inproc("run", str(flaky["agent"]), evalset, "--store", str(flaky["store"]),
+                          "--json", "--repetitions", "5").json
+
+    statuses = []
+    for script in (None, (2, 5), None):  # mostly: 3/5 (mean 0.6), 2/5 (0.4), 3/5 again
+        overrides.pop(TEXT.format("mostly", 3), None)
+        if script:
+            overrides[TEXT.format("mostly", 3)] = script
+        statuses.append(_aggs(run())["mostly"]["status"])
+    assert statuses == ["PASSED", "FAILED", "PASSED"]
+    r = run_inproc("history", "flaky", "--store", str(flaky["store"]), "--flaky", "--json")
+    assert r.code == 0, r.stderr[-2000:]
+    [entry] = r.json["flaky"]  # "always" never flipped
+    assert (entry["eval_id"], entry["flips"], entry["passed_runs"], entry["runs"]) == (
+        "mostly", 2, 2, 3)
+    assert [h["status"] for h in entry["history"]] == statuses
+    table = run_inproc("history", "flaky", "--store", str(flaky["store"]), "--flaky")
+    assert "mostly" in table.stdout and "always" not in table.stdout
+    last2 = run_inproc("history", "flaky", "--store", str(flaky["store"]), "--flaky", "--last",
+                       "2", "--json").json
+    assert [e["flips"] for e in last2["flaky"]] == [1]

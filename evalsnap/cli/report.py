@@ -71,12 +71,17 @@ def history(
     storage_option: OptionOpt = None,
     last: Annotated[int | None, typer.Option(
         "--last", min=1, help="Only the N newest runs")] = None,
+    flaky: Annotated[bool, typer.Option(
+        "--flaky", help="The cases whose status flipped within the last N runs (--last, "
+                        "default 10), with how often")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Per metric, the pass rate and mean score of every run of an eval set, newest last."""
     from evalsnap.reports.history import history as runs_of
     from evalsnap.reports.history import history_table
 
+    if flaky:
+        return _flaky(evalset, store, storage_option, last or 10, as_json)
     with _handled():
         s = _open_store(store, storage_option)
         points = runs_of(s, evalset, last)
@@ -87,3 +92,20 @@ def history(
         _print_json({"store": s.url, "eval_set_id": evalset, "runs": points})
     else:
         out.print(history_table(evalset, points))
+
+
+def _flaky(evalset: str, store: str, storage_option: list[str] | None, last: int,
+           as_json: bool) -> None:
+    """``history EVALSET --flaky``."""
+    from evalsnap.reports.history import _runs_of, flaky_cases, flaky_table
+
+    with _handled():
+        s = _open_store(store, storage_option)
+        if not _runs_of(s, evalset):
+            raise errors.NotFoundError(f"no run of eval set {evalset!r} in store {s.url}; list "
+                                       "eval sets and runs with `evalsnap ls`.")
+        entries = flaky_cases(s, evalset, last)
+    if as_json:
+        _print_json({"store": s.url, "eval_set_id": evalset, "last": last, "flaky": entries})
+    else:
+        out.print(flaky_table(evalset, entries, last))

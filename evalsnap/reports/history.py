@@ -203,3 +203,53 @@ def history_table(eval_set_id: str, points: list[dict[str, Any]]) -> Any:
                           end_section=i == len(p["metrics"]) - 1)
     table.caption = "pass rate: units PASSED (or INFORMATIONAL) of all; mean: the metric's score"
     return table
+
+
+def flaky_cases(store: Any, eval_set_id: str, last: int = 10) -> list[dict[str, Any]]:
+    """The case × metric pairs whose status (by each run's repetition gate, see
+    :mod:`evalsnap.reports.aggregates`) flipped within the ``last`` newest runs of
+    ``eval_set_id``, most flips first: how often it flipped, in how many of the runs it
+    passed, and its status per run (oldest first). A run that cannot be read is skipped."""
+    from evalsnap.reports.aggregates import aggregates
+
+    names = [n for _, n in _runs_of(store, eval_set_id)][-last:]
+    seen: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for name in names:
+        try:
+            manifest = repo.read_manifest(store, name)
+            record = repo.get(store, EvaluationRecord, manifest.record_oid)
+            units = {r.unit_oid: repo.get_unit_shared(store, r.unit_oid) for r in record.units}
+        except UNREADABLE_MANIFEST as exc:
+            logger.warning("skipping run %s: %s", name, exc)
+            continue
+        except EvalsnapError as exc:
+            logger.warning("skipping run %s: its record or a unit cannot be read (%s)", name, exc)
+            continue
+        for a in aggregates(record, units):
+            seen.setdefault((a["eval_id"], a["metric"]), []).append(
+                {"run_id": record.run_id, "status": a["status"], "verdict": a["verdict"],
+                 "passed": a["passed"], "n": a["n"]})
+    out = []
+    for (eval_id, metric), runs in seen.items():
+        statuses = [r["status"] for r in runs]
+        flips = sum(a != b for a, b in zip(statuses, statuses[1:], strict=False))
+        if flips:
+            out.append({"eval_id": eval_id, "metric": metric, "runs": len(runs), "flips": flips,
+                        "passed_runs": statuses.count("PASSED"), "history": runs})
+    return sorted(out, key=lambda e: (-e["flips"], e["eval_id"], e["metric"]))
+
+
+def flaky_table(eval_set_id: str, entries: list[dict[str, Any]], last: int) -> Any:
+    """A rich Table of :func:`flaky_cases`."""
+    from rich.table import Table
+
+    table = Table(title=f"{eval_set_id} — cases whose status flipped in the last {last} run(s)")
+    for column in ("case", "metric", "flips", "passed runs", "statuses, oldest first"):
+        table.add_column(column)
+    marks = {"PASSED": "[green]P[/]", "FAILED": "[red]F[/]", "NOT_EVALUATED": "[yellow]?[/]"}
+    for e in entries:
+        table.add_row(e["eval_id"], e["metric"], str(e["flips"]),
+                      f"{e['passed_runs']}/{e['runs']}",
+                      " ".join(marks.get(r["status"], "?") for r in e["history"]))
+    table.caption = "P passed · F failed · ? incomplete (each run by its own repetition gate)"
+    return table
