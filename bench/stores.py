@@ -82,7 +82,7 @@ def _objects_in(store: str, env: dict[str, str]) -> int:
 
 
 def run(cases: int, latencies: list[float], backends: list[str],
-        reps: int) -> list[dict[str, Any]]:
+        reps: int, src: str = "") -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     work = Path(tempfile.mkdtemp(prefix="evalsnap-bench-stores-"))
     agent, evalset = make_agent(work, cases)
@@ -91,6 +91,8 @@ def run(cases: int, latencies: list[float], backends: list[str],
     base.update(EVALSNAP_DEMO_LATENCY_MS="0", EVALSNAP_JUDGE_CONCURRENCY="16",
                 AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
                 AWS_DEFAULT_REGION="us-east-1", GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false")
+    if src:  # another checkout's evalsnap (a `git worktree` of an earlier commit): the before
+        base["PYTHONPATH"] = src
     with ExitStack() as stack:
         base["PREFECT_API_URL"] = stack.enter_context(prefect_server())
         emulators = _servers(stack, backends)
@@ -128,7 +130,7 @@ def _pair(work: Path, agent: Path, evalset: Path, backend: str, latency: float,
             cmd = evalsnap_cmd("run", str(agent), str(evalset), "--store", store, *extra)
             res = measure(cmd, env)
             wall = time.monotonic() - started
-            if "store_requests" not in res:  # the run failed: say why, once
+            if "run_id" not in res:  # the run failed: say why, once
                 import subprocess
 
                 err = subprocess.run(cmd[3:], env=env, capture_output=True, text=True).stderr
@@ -173,8 +175,11 @@ def main() -> None:
                         choices=["local", "s3", "gcs"])
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--out", default="")
+    parser.add_argument("--evalsnap-src", default="",
+                        help="run the evalsnap of this checkout instead (e.g. a `git worktree "
+                             "add /tmp/old COMMIT`): the same runs before a change")
     args = parser.parse_args()
-    rows = run(args.cases, args.latency, args.backends, args.reps)
+    rows = run(args.cases, args.latency, args.backends, args.reps, args.evalsnap_src)
     text = render(rows, args.cases)
     print(text)
     if args.out:

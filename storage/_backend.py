@@ -29,6 +29,7 @@ import fsspec.core
 from fsspec import AbstractFileSystem
 from fsspec.asyn import AsyncFileSystem
 
+from storage import _local
 from storage.errors import StorageError, StoreUnavailable
 
 __all__ = ["Backend", "FileInfo", "RequestCounts", "accepted_options", "backend_errors",
@@ -211,6 +212,8 @@ class Backend:
             out: dict[str, bytes | None] = {}
             with self.failures(what):
                 for path in paths:
+                    if self.protocol == "file":  # never through a link out of the store
+                        _local.confine(self.root, path, final=True)
                     try:
                         out[path] = _read_local(self.fs, path, limit)
                     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):

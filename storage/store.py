@@ -629,7 +629,7 @@ class Store:
         sync = durable or self._durability == "each"
         self._b.requests.add("put")
         with self._b.failures(what):
-            result = write(self._path(rel), data, sync=sync)
+            result = write(self._path(rel), data, sync=sync, root=self._b.root)
         if not sync:
             # also when the file was there already: its writer may not have flushed it yet
             self._deferred(self._path(rel))

@@ -6,6 +6,7 @@ import hashlib
 import multiprocessing
 import os
 import pickle
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -293,3 +294,19 @@ def test_a_run_reads_each_object_once_and_never_heads(store: Store) -> None:
     store.end_run()
     assert store.get_object(KIND, oid) == data
     assert store.requests.snapshot()["get"] == 1 and store.requests.snapshot()["head"] == 0
+
+
+def test_local_reads_never_follow_a_link_out_of_the_store(tmp_path: Any) -> None:
+    """Issue 29 item 7, reads: an object area linked to a directory outside the store is
+    refused (a typed error naming the link), not read from there."""
+    from storage import StoreUnavailable
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    store = Store(str(tmp_path / "s"))
+    oid = store.put_object(KIND, b"inside")
+    area = tmp_path / "s" / "v1" / "objects" / KIND
+    shutil.move(str(area), str(outside / KIND))
+    area.symlink_to(outside / KIND, target_is_directory=True)
+    with pytest.raises(StoreUnavailable, match="link"):
+        Store(str(tmp_path / "s")).get_object(KIND, oid)
