@@ -81,6 +81,7 @@ def in_daemon_thread(fn: Callable[..., T], *args: Any) -> Awaitable[T]:
             future.set_result(value) if ok else future.set_exception(value)
 
     def run() -> None:
+        value: Any
         try:
             value, ok = fn(*args), True
         except BaseException as exc:  # noqa: BLE001 - handed to the awaiting unit
