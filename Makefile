@@ -18,10 +18,11 @@ demo: $(STAMP)
 	code=$$?; echo "evalsnap exited $$code (0 passed, 1 quality failure, 3 incomplete; the demo has cases designed to fail)"; \
 	test $$code -le 3
 
-## The test suite (starts its own prefect server, moto and fake-gcs-server on 127.0.0.1;
-## one set per pytest-xdist worker, one worker per core, at most 4)
+## The test suite (starts one prefect server for every pytest-xdist worker, and moto and
+## fake-gcs-server on 127.0.0.1; one worker per core, at most 4). --dist loadfile keeps each
+## module on one worker, so a module's fixtures (its demo runs) are made once, not per worker.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --maxprocesses=4
+	$(BIN)/python -m pytest -q -n auto --maxprocesses=4 --dist loadfile
 
 bench: $(STAMP)
 	$(BIN)/python -m bench --suite

@@ -37,10 +37,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-# Code that is part of the product or the test suite, imported once per test process.
-_KEPT_ROOTS = tuple(str(p) for p in (
+# Code of the product, its dependencies and bench, imported once per test process (as are the
+# suite's own modules, the files directly in tests/; its fixture packages are user code).
+_KEPT_ROOTS = tuple(str(p) + os.sep for p in (
     Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), ROOT / "evalsnap",
-    ROOT / "storage", ROOT / "tasks", ROOT / "flows", ROOT / "tests", ROOT / "bench"))
+    ROOT / "storage", ROOT / "tasks", ROOT / "flows", ROOT / "bench"))
+_TESTS = ROOT / "tests"
 
 
 class CliResult:
@@ -65,10 +67,10 @@ def _user_module(module: Any) -> bool:
     if not file:
         return False
     try:
-        path = str(Path(file).resolve())
+        path = Path(file).resolve()
     except (OSError, ValueError):
         return False
-    return not path.startswith(_KEPT_ROOTS)
+    return not (str(path).startswith(_KEPT_ROOTS) or path.parent == _TESTS)
 
 
 def _user_modules() -> dict[str, Any]:

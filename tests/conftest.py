@@ -1,14 +1,15 @@
 """Session-wide fixtures: one real ``prefect server`` on 127.0.0.1 for the whole run.
 
-Starting Prefect's ephemeral API costs ~5 s per process; every CLI subprocess in
-the tests talks to this one server instead (``PREFECT_API_URL``). The server is
-started in ``pytest_configure`` — before any test module imports Prefect — and
-stopped by PID in ``pytest_unconfigure``.
+Starting Prefect's ephemeral API costs ~5 s per process; every CLI call in the tests (in this
+process, :mod:`tests._cli`, or a subprocess) talks to this one server instead
+(``PREFECT_API_URL``). The server is started in ``pytest_configure`` — before any test module
+imports Prefect — and stopped by PID in ``pytest_unconfigure``. Under pytest-xdist the
+controller starts it and hands its URL to the workers (``EVALSNAP_TEST_PREFECT_API_URL``), so
+a run has one server, not one per worker; a server given that way from outside is used as is.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from evalsnap.startup import wait_healthy
+from tests._cli import CliResult  # noqa: F401 - one result type for both ways to run the CLI
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -29,6 +31,8 @@ EVALSET = SHOP / "shop.evalset.json"
 CONFIG = SHOP / "test_config.json"
 
 _server: subprocess.Popen | None = None
+# generous: on a shared 2-core machine under load the server has taken more than 90 s
+_SERVER_START_TIMEOUT = 300
 _home: str | None = None
 
 
@@ -51,11 +55,11 @@ def _start_prefect_server() -> None:
         env=env, stdout=subprocess.DEVNULL, stderr=open(Path(_home) / "server.log", "wb"),
         start_new_session=True)
     url = f"http://127.0.0.1:{port}/api"
-    if not wait_healthy(url, _server, timeout=90):
+    if not wait_healthy(url, _server, timeout=_SERVER_START_TIMEOUT):
         if _server.poll() is not None:
             raise RuntimeError("prefect server exited: "
                                + (Path(_home) / "server.log").read_text()[-2000:])
-        raise RuntimeError("prefect server did not become healthy in 90 s")
+        raise RuntimeError(f"prefect server did not become healthy in {_SERVER_START_TIMEOUT} s")
     os.environ["PREFECT_API_URL"] = url
     os.environ["PREFECT_HOME"] = _home
     os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
@@ -75,12 +79,16 @@ def pytest_configure(config: pytest.Config) -> None:
     for path in (ROOT, EXAMPLES):
         if str(path) not in sys.path:
             sys.path.insert(0, str(path))
-    if _is_xdist_controller(config):
-        return  # each pytest-xdist worker starts its own server; the controller runs no test
     if not os.environ.get("EVALSNAP_TEST_PREFECT_API_URL"):
         _start_prefect_server()
+        if _is_xdist_controller(config):  # the workers, started after this, inherit it
+            os.environ["EVALSNAP_TEST_PREFECT_API_URL"] = os.environ["PREFECT_API_URL"]
     else:
         os.environ["PREFECT_API_URL"] = os.environ["EVALSNAP_TEST_PREFECT_API_URL"]
+        if os.environ.get("PYTEST_XDIST_WORKER"):  # a client home of its own, as before
+            global _home
+            _home = tempfile.mkdtemp(prefix="evalsnap-prefect-client-")
+            os.environ["PREFECT_HOME"] = _home
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -95,18 +103,20 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(_home, ignore_errors=True)
 
 
-class CliResult:
-    def __init__(self, proc: subprocess.CompletedProcess[str]) -> None:
-        self.code = proc.returncode
-        self.stdout = proc.stdout
-        self.stderr = proc.stderr
+#: Modules whose tests run the CLI in processes of their own, because a process is what they
+#: test (signals, kill and resume, concurrent runs, start-up and exit, scoring pools, Dask,
+#: deadlines that leave threads stuck): ``-m "not slow"`` leaves them out of a quick loop.
+SLOW_MODULES = frozenset({
+    "test_bench", "test_cli_process", "test_concurrent_runs", "test_dask", "test_deadlines",
+    "test_hostile_code", "test_kill_resume", "test_prefect_deployments", "test_scoring_pool",
+    "test_signals"})
 
-    @property
-    def json(self) -> dict:
-        lines = [ln for ln in self.stdout.splitlines() if ln.strip()]
-        assert len(lines) == 1, f"expected one JSON line on stdout, got: {self.stdout!r}\n" \
-                                f"stderr: {self.stderr[-3000:]}"
-        return json.loads(lines[0])
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
@@ -121,6 +131,17 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture(scope="session")
+def golden_demo(tmp_path_factory: pytest.TempPathFactory):
+    """The session's one cold run of the demo (:mod:`tests._golden`); ``.copy(dir)`` per use."""
+    from tests._golden import build_golden_demo
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the workers' common base directory
+    return build_golden_demo(shared / "golden-demo")
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ uses) reads; ``import-adk-history`` brings ADK history files in as records of ki
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +19,16 @@ from google.adk.evaluation.eval_result import EvalCaseResult
 from google.adk.evaluation.local_eval_set_results_manager import LocalEvalSetResultsManager
 from google.genai import types
 
-from tests.conftest import SHOP, run_cli
+from tests._cli import run_inproc
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def exported(tmp_path_factory: pytest.TempPathFactory, golden_demo: Any) -> dict[str, Any]:
+    """A copy of the session's cold demo run (tests._golden): its agent dir holds the ADK
+    history that run wrote."""
     root = tmp_path_factory.mktemp("adk")
-    agents = root / "agents"
-    agent = agents / "shop_agent"
-    shutil.copytree(SHOP, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
-    store = root / "store"
-    result = run_cli("run", str(agent), str(agent / "shop.evalset.json"), "--store", str(store),
-                     "--json")
+    agent, store, result = golden_demo.copy(root)
+    agents = agent.parent
     assert result.code in (1, 3), result.stderr[-3000:]
     return {"root": root, "agents": agents, "agent": agent, "store": store, "run": result}
 
@@ -85,8 +82,8 @@ def _adk_written_history(agents: Path) -> Path:
 def imported(exported: dict[str, Any]) -> dict[str, Any]:
     history = _adk_written_history(exported["agents"])
     store = exported["root"] / "imported"
-    first = run_cli("import-adk-history", str(history), "--store", str(store), "--json")
-    listed = run_cli("ls", "--store", str(store), "--json")
+    first = run_inproc("import-adk-history", str(history), "--store", str(store), "--json")
+    listed = run_inproc("ls", "--store", str(store), "--json")
     return {"history": history, "store": store, "first": first, "ls": listed}
 
 
@@ -103,7 +100,7 @@ def test_import_creates_import_records_visible_in_ls(imported: dict[str, Any]) -
 def test_imported_record_shows_inference_without_state_and_scores(
         imported: dict[str, Any]) -> None:
     [item] = imported["first"].json["imported"]
-    shown = run_cli("show", item["run_id"], "--store", str(imported["store"]), "--json")
+    shown = run_inproc("show", item["run_id"], "--store", str(imported["store"]), "--json")
     assert shown.code == 0, shown.stderr[-2000:]
     data = shown.json
     assert data["record"]["kind"] == "import" and data["record"]["snapshot_oid"] is None
@@ -121,18 +118,18 @@ def test_imported_record_shows_inference_without_state_and_scores(
 
 
 def test_import_is_idempotent_and_verifies(imported: dict[str, Any]) -> None:
-    again = run_cli("import-adk-history", str(imported["history"]), "--store",
+    again = run_inproc("import-adk-history", str(imported["history"]), "--store",
                     str(imported["store"]), "--json")
     assert again.code == 0
     assert again.json["imported"] == imported["first"].json["imported"]
-    check = run_cli("verify", "--store", str(imported["store"]), "--json")
+    check = run_inproc("verify", "--store", str(imported["store"]), "--json")
     assert check.code == 0 and check.json["runs"] == 1, check.stdout
 
 
 def test_exported_history_imports_back(exported: dict[str, Any]) -> None:
     """evalsnap's own export is valid ADK input (the agent dir is accepted too)."""
     store = exported["root"] / "roundtrip"
-    result = run_cli("import-adk-history", str(exported["agent"]), "--store", str(store),
+    result = run_inproc("import-adk-history", str(exported["agent"]), "--store", str(store),
                      "--json")
     assert result.code == 0, result.stderr[-2000:]
     [item] = result.json["imported"]
@@ -142,5 +139,5 @@ def test_exported_history_imports_back(exported: dict[str, Any]) -> None:
 
 def test_import_of_a_non_history_dir_exits_2(tmp_path: Path) -> None:
     (tmp_path / "x.evalset_result.json").write_text(json.dumps({"nope": 1}))
-    bad = run_cli("import-adk-history", str(tmp_path), "--store", str(tmp_path / "s"))
+    bad = run_inproc("import-adk-history", str(tmp_path), "--store", str(tmp_path / "s"))
     assert bad.code == 2 and "not an ADK EvalSetResult" in bad.stderr

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests._adk_parity import local_eval_service, scores
+from tests._cli import run_inproc
 from tests.conftest import run_cli
 
 GATEWAY = Path(__file__).parent / "fixtures" / "adk_projects" / "gateway_agent"
@@ -29,7 +30,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     agent = base / "gateway_agent"
     shutil.copytree(GATEWAY, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
     store = base / "store"
-    cold = run_cli("run", str(agent), str(agent / "gateway.evalset.json"), "--store", str(store),
+    cold = run_inproc("run", str(agent), str(agent / "gateway.evalset.json"), "--store", str(store),
                    "--json", env=FORCE_POOL)
     return {"agent": agent, "store": store, "cold": cold}
 
@@ -52,7 +53,7 @@ def test_models_registered_by_the_agent_module_work_in_every_scoring_process(pro
 
 def test_dask_workers_import_the_agent_package(project, tmp_path: Path):
     pytest.importorskip("prefect_dask")
-    result = run_cli("run", str(project["agent"]), str(project["agent"] / "gateway.evalset.json"),
+    result = run_inproc("run", str(project["agent"]), str(project["agent"] / "gateway.evalset.json"),
                      "--store", str(tmp_path / "dask"), "--task-runner", "dask", "--json",
                      env={"EVALSNAP_DASK_WORKERS": "1"})
     assert result.code == 1, result.stderr[-3000:]
@@ -70,7 +71,7 @@ def test_scores_equal_adks_local_eval_service_on_the_same_inference(project):
         register_custom_metrics_from_config,
     )
 
-    shown = run_cli("show", project["cold"].json["record_id"], "--store",
+    shown = run_inproc("show", project["cold"].json["record_id"], "--store",
                     str(project["store"]), "--json").json
     sys.path.insert(0, str(project["agent"].parent))
     importlib.import_module("gateway_agent")  # as `adk eval` does: the agent first
@@ -104,47 +105,47 @@ def test_rescore_imports_the_agent_package_named_by_agent(project, tmp_path: Pat
     edited.write_text(json.dumps(config))
     args = ("rescore", project["cold"].json["run_id"], "--config", str(edited), "--store",
             str(project["store"]), "--reuse", "--json")
-    without = run_cli(*args)
+    without = run_inproc(*args)
     assert without.code == 2
     assert "my-judge/v1" in without.stderr and "--agent" in without.stderr
-    rescored = run_cli(*args, "--agent", str(project["agent"]))
+    rescored = run_inproc(*args, "--agent", str(project["agent"]))
     assert rescored.code == 1, rescored.stderr[-3000:]
     assert rescored.json["agent_calls"] == 0 and rescored.json["judge_calls"] == 0
     assert _scores(rescored.json) == _scores(project["cold"].json)
 
 
 def test_a_sub_agent_is_evaluated_by_name(project, tmp_path: Path):
-    result = run_cli("run", str(project["agent"]), str(project["agent"] / "gateway.evalset.json")
+    result = run_inproc("run", str(project["agent"]), str(project["agent"] / "gateway.evalset.json")
                      + ":adds", "--agent-name", "adder", "--store", str(tmp_path / "s"), "--json")
     assert result.code == 0, result.stderr[-3000:]
-    shown = run_cli("show", result.json["record_id"], "--store", str(tmp_path / "s"),
+    shown = run_inproc("show", result.json["record_id"], "--store", str(tmp_path / "s"),
                     "--json").json
     final = shown["cases"][0]["inference"]["invocations"][0]["final_response"]["parts"][0]
     assert final["text"] == "Adder says the sum is 5."
-    unknown = run_cli("run", str(project["agent"]), str(project["agent"] / "gateway.evalset.json"),
+    unknown = run_inproc("run", str(project["agent"]), str(project["agent"] / "gateway.evalset.json"),
                       "--agent-name", "nobody", "--store", str(tmp_path / "s"))
     assert unknown.code == 2 and "adder" in unknown.stderr
 
 
 def test_adk_eval_selection_ids_and_several_eval_sets(project, tmp_path: Path):
     agent, store = project["agent"], str(tmp_path / "s")
-    picked = run_cli("run", str(agent), f"{agent / 'gateway.evalset.json'}:adds,greets",
+    picked = run_inproc("run", str(agent), f"{agent / 'gateway.evalset.json'}:adds,greets",
                      "--store", store, "--json")
     assert picked.code == 1, picked.stderr[-3000:]
     assert [c["eval_id"] for c in picked.json["cases"]] == ["adds", "greets"]
     # eval set ids resolve in the agent's folder, as `adk eval` resolves them
-    both = run_cli("run", str(agent), "gateway:adds", "gateway_more", "--store", store, "--json",
+    both = run_inproc("run", str(agent), "gateway:adds", "gateway_more", "--store", store, "--json",
                    "--reuse")
     assert both.code == 0, both.stderr[-3000:]
     assert both.json["eval_set_ids"] == ["gateway", "gateway_more"]
     assert [[c["eval_id"] for c in r["cases"]] for r in both.json["runs"]] == [["adds"],
                                                                                ["adds_more"]]
     assert both.json["agent_calls"] == 2  # `adds` came from the first run
-    listed = run_cli("ls", "--store", store, "--json")
+    listed = run_inproc("ls", "--store", store, "--json")
     assert {r["eval_set_id"] for r in listed.json["runs"]} == {"gateway", "gateway_more"}
-    unknown = run_cli("run", str(agent), "gateway_less", "--store", store)
+    unknown = run_inproc("run", str(agent), "gateway_less", "--store", store)
     assert unknown.code == 2 and "gateway_more" in unknown.stderr
-    missing_case = run_cli("run", str(agent), "gateway:nope", "--store", store)
+    missing_case = run_inproc("run", str(agent), "gateway:nope", "--store", store)
     assert missing_case.code == 2 and "nope" in missing_case.stderr
 
 
@@ -189,7 +190,7 @@ def test_pytest_helper_mirrors_agent_evaluator(project, tmp_path: Path,
 
 def test_a_directory_of_test_files_each_scored_with_its_folders_config(project, tmp_path: Path):
     tests_dir = GATEWAY.parent / "gateway_tests"
-    result = run_cli("run", str(project["agent"]), str(tests_dir), "--store", str(tmp_path / "d"),
+    result = run_inproc("run", str(project["agent"]), str(tests_dir), "--store", str(tmp_path / "d"),
                      "--json")
     assert result.code == 1, result.stderr[-3000:]
     runs = {r["eval_set_id"]: r for r in result.json["runs"]}

@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, CliResult, run_cli
+from tests._cli import run_inproc
+from tests.conftest import ROOT, CliResult
 
 FIXTURES = Path(__file__).parent / "fixtures" / "adk_projects"
 
@@ -36,7 +37,7 @@ def _copy(name: str, base: Path) -> Path:
 
 def _run(agent: Path, evalset: Path, store: Path, *extra: str,
          env: dict[str, str] | None = None) -> CliResult:
-    return run_cli("run", str(agent), str(evalset), "--store", str(store), "--json", *extra,
+    return run_inproc("run", str(agent), str(evalset), "--store", str(store), "--json", *extra,
                    env=env)
 
 
@@ -239,7 +240,7 @@ def legacy(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     test_file, store = agent / "weather.test.json", base / "store"
     cold = _run(agent, test_file, store)
     warm = _run(agent, test_file, store, "--reuse")
-    shown = run_cli("show", cold.json["record_id"], "--store", str(store), "--json")
+    shown = run_inproc("show", cold.json["record_id"], "--store", str(store), "--json")
     old_list = _run(agent, agent / "legacy_list.evalset.json", store)
     return {"agent": agent, "test_file": test_file, "cold": cold, "warm": warm,
             "shown": shown, "old_list": old_list}
@@ -355,9 +356,7 @@ MALFORMED: dict[str, dict[str, Any]] = {
 
 @pytest.fixture(scope="module")
 def malformed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """Every malformed file at once, a few CLI processes at a time."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    """Every malformed file, one after the other, in this process (tests._cli)."""
     def one(name: str, spec: dict[str, Any]) -> tuple[Path, Path, CliResult]:
         agent = _copy("legacy_agent", tmp_path_factory.mktemp(name))
         test_file = agent / "weather.test.json"
@@ -369,9 +368,7 @@ def malformed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
         store = agent.parent.parent / "store"
         return test_file, store, _run(agent, test_file, store)
 
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {name: pool.submit(one, name, spec) for name, spec in MALFORMED.items()}
-        yield {name: f.result() for name, f in futures.items()}
+    yield {name: one(name, spec) for name, spec in MALFORMED.items()}
 
 
 @pytest.mark.parametrize("name", sorted(MALFORMED))

@@ -19,7 +19,8 @@ import pytest
 
 from evalsnap.reports.verify import verify_store
 from storage import OBJECT_KINDS, Store
-from tests.conftest import ROOT, SHOP, CliResult, run_cli
+from tests._cli import run_inproc
+from tests.conftest import ROOT, SHOP, CliResult
 
 CASES = ["weather_paris", "cart_add_two_items", "cart_add_then_show"]
 CONFIG = {"criteria": {"tool_trajectory_avg_score": 1.0, "response_match_score": 0.5,
@@ -66,7 +67,7 @@ def test_both_runs_succeed_with_one_json_object_each(both: dict[str, Any]) -> No
 
 def test_both_records_are_valid_and_shown(both: dict[str, Any]) -> None:
     for run in both["runs"]:
-        shown = run_cli("show", run.json["run_id"], "--store", str(both["store"]), "--json")
+        shown = run_inproc("show", run.json["run_id"], "--store", str(both["store"]), "--json")
         assert shown.code == 0, shown.stderr[-3000:]
         assert shown.json["record_id"] == run.json["record_id"]
         assert shown.json["record"]["run_id"] == run.json["run_id"]

@@ -16,19 +16,16 @@ import pytest
 from evalsnap.records import EvaluationRecord, LedgerEntry, ScoreUnit, repo
 from evalsnap.reports.verify import verify_store
 from storage import Store
-from tests.conftest import SHOP, run_cli
+from tests._cli import run_inproc
 
 KINDS = ["inference", "snapshot", "unit", "judge", "record", "manifest"]
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def base(tmp_path_factory: pytest.TempPathFactory, golden_demo: Any) -> dict[str, Any]:
+    """A copy of the session's cold demo run (tests._golden), to damage."""
     root = tmp_path_factory.mktemp("corruption")
-    agent = root / "shop_agent"
-    shutil.copytree(SHOP, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
-    store = root / "store"
-    cold = run_cli("run", str(agent), str(agent / "shop.evalset.json"), "--store", str(store),
-                   "--json")
+    agent, store, cold = golden_demo.copy(root)
     assert cold.code in (1, 3), cold.stderr[-3000:]
     s = Store(str(store))
     record = repo.get(s, EvaluationRecord, cold.json["record_id"])
@@ -99,14 +96,14 @@ def test_a_flipped_byte_is_found_by_verify(base: dict[str, Any], kind: str) -> N
 
 
 def test_verify_cli_exits_0_when_clean_and_1_naming_the_object(base: dict[str, Any]) -> None:
-    clean = run_cli("verify", "--store", str(base["store"]))
+    clean = run_inproc("verify", "--store", str(base["store"]))
     assert clean.code == 0, clean.stdout + clean.stderr
     store = _copy(base, "verify-cli")
     flip_byte(_path_of(store, base, "unit"))
-    damaged = run_cli("verify", "--store", str(store))
+    damaged = run_inproc("verify", "--store", str(store))
     assert damaged.code == 1
     assert base["targets"]["unit"].removeprefix("sha256:")[2:] in damaged.stderr
-    as_json = run_cli("verify", "--store", str(store), "--json")
+    as_json = run_inproc("verify", "--store", str(store), "--json")
     assert as_json.code == 1 and not as_json.json["ok"]
     assert base["targets"]["unit"] in {p["oid"] for p in as_json.json["problems"]}
 
@@ -115,7 +112,7 @@ def _reuse_after(base: dict[str, Any], name: str, kinds: tuple[str, ...]) -> dic
     store = _copy(base, name)
     for kind in kinds:
         flip_byte(_path_of(store, base, kind))
-    warm = run_cli("run", str(base["agent"]), str(base["agent"] / "shop.evalset.json"),
+    warm = run_inproc("run", str(base["agent"]), str(base["agent"] / "shop.evalset.json"),
                    "--store", str(store), "--json", "--reuse")
     return {"store": store, "warm": warm}
 

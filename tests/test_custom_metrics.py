@@ -233,7 +233,8 @@ CLI_CASES = ("weather_paris", "cart_add_then_show", "cart_state_mismatch")
 
 @pytest.fixture(scope="module")
 def cli_run(tmp_path_factory):
-    from tests.conftest import EVALSET, SHOP, run_cli
+    from tests._cli import run_inproc
+    from tests.conftest import EVALSET, SHOP
 
     tmp = tmp_path_factory.mktemp("custom")
     config = {
@@ -246,9 +247,9 @@ def cli_run(tmp_path_factory):
     (tmp / "test_config.json").write_text(json.dumps(config))
     store = tmp / "store"
     case_args = [a for c in CLI_CASES for a in ("--case", c)]
-    run = run_cli("run", str(SHOP), str(EVALSET), "--config", str(tmp / "test_config.json"),
+    run = run_inproc("run", str(SHOP), str(EVALSET), "--config", str(tmp / "test_config.json"),
                   "--store", str(store), "--json", *case_args)
-    show = run_cli("show", run.json["record_id"], "--store", str(store), "--json")
+    show = run_inproc("show", run.json["record_id"], "--store", str(store), "--json")
     return run, show
 
 
@@ -296,13 +297,14 @@ def test_cli_show_json_has_states_reasons_and_rules(cli_run) -> None:
 
 
 def test_cli_config_error_stops_before_any_agent_call(tmp_path: Path) -> None:
-    from tests.conftest import EVALSET, SHOP, run_cli
+    from tests._cli import run_inproc
+    from tests.conftest import EVALSET, SHOP
 
     config = tmp_path / "test_config.json"
     config.write_text(json.dumps({"criteria": {"x": 1.0}, "customMetrics": {
         "x": {"codeConfig": {"name": "shop_agent.metricz.fn"}}}}))
     store = tmp_path / "store"
-    run = run_cli("run", str(SHOP), str(EVALSET), "--config", str(config), "--store", str(store),
+    run = run_inproc("run", str(SHOP), str(EVALSET), "--config", str(config), "--store", str(store),
                   "--json")
     assert run.code == 2
     assert "must match the module file and function names" in run.stderr

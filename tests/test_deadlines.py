@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._cli import run_inproc
 from tests.conftest import run_cli
 
 STUCK = "600000"  # ms: ten minutes
@@ -25,13 +26,13 @@ CASE = ["--case", "weather_paris"]
 
 
 def _run(shop: Path, tmp_path: Path, *extra: str, env: dict[str, str], config: Path | None = None,
-         timeout: float = 120):
+         timeout: float = 120, cli=run_cli):
     args = ["run", str(shop), str(shop / "shop.evalset.json"), "--store", str(tmp_path / "s"),
             "--json", *CASE, *extra]
     if config is not None:
         args += ["--config", str(config)]
     started = time.monotonic()
-    result = run_cli(*args, env={**NO_RETRY, **env}, timeout=timeout)
+    result = cli(*args, env={**NO_RETRY, **env}, timeout=timeout)
     return result, time.monotonic() - started
 
 
@@ -81,7 +82,7 @@ def test_a_judge_call_that_never_answers_is_that_units_not_evaluated(shop_copy, 
     assert judged["status"] == "NOT_EVALUATED"
     assert "EVALSNAP_JUDGE_CALL_TIMEOUT" in judged["reason"]
     # retried once (EVALSNAP_RETRY_DELAYS has one delay), and both attempts are in the ledger
-    shown = run_cli("show", result.json["record_id"], "--store", str(tmp_path / "s"), "--json")
+    shown = run_inproc("show", result.json["record_id"], "--store", str(tmp_path / "s"), "--json")
     ledger = shown.json["cases"][0]["metrics"]["final_response_match_v2"]["ledger"]
     assert sorted(e["attempt"] for e in ledger) == [1, 2]
     assert all("no answer within 1 s" in (e["error"] or "") for e in ledger), ledger
@@ -174,7 +175,9 @@ def test_sync_metrics_do_not_block_each_other(shop_copy, tmp_path):
 ])
 def test_a_malformed_deadline_table_is_a_config_error(shop_copy, tmp_path, table, message):
     (shop_copy / "hanging.py").write_text(HANGING)
-    result, _ = _run(shop_copy, tmp_path, config=_metric_config(tmp_path, "naps", table), env={})
+    # refused while the run is planned: in the test process (tests._cli), nothing can hang
+    result, _ = _run(shop_copy, tmp_path, config=_metric_config(tmp_path, "naps", table), env={},
+                     cli=run_inproc)
     assert result.code == 2, result.stderr[-3000:]
     assert message in result.stdout + result.stderr
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
 from tests._adk_parity import local_eval_service
-from tests.conftest import SHOP, CliResult, run_cli
+from tests._cli import run_inproc
+from tests.conftest import SHOP, CliResult
 
 AGENT_MODEL, JUDGE_MODEL = "offline-agent-v1", "offline-judge-v1"
 PRICES = {AGENT_MODEL: {"inputPerMillion": 0.3, "outputPerMillion": 2.5},
@@ -43,19 +43,17 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     plain_store, priced_store = base / "plain", base / "priced"
 
     def run(*extra: str) -> CliResult:
-        return run_cli("run", str(agent), str(evalset), "--json", *extra)
+        return run_inproc("run", str(agent), str(evalset), "--json", *extra)
 
-    with ThreadPoolExecutor(3) as pool:
-        cold = pool.submit(run, "--store", str(plain_store))
-        priced_cold = pool.submit(run, "--store", str(priced_store), "--config", str(priced))
-        malformed = pool.submit(run, "--store", str(base / "bad"), "--config", str(bad))
-        results = {"cold": cold.result(), "priced_cold": priced_cold.result(),
-                   "malformed": malformed.result()}
+    # one after the other, in this process (tests._cli): no start-up to overlap
+    results = {"cold": run("--store", str(plain_store)),
+               "priced_cold": run("--store", str(priced_store), "--config", str(priced)),
+               "malformed": run("--store", str(base / "bad"), "--config", str(bad))}
     results["priced_reuse"] = run("--store", str(plain_store), "--config", str(priced),
                                   "--reuse")
     record_id = results["cold"].json["record_id"]
-    results["shown"] = run_cli("show", record_id, "--store", str(plain_store), "--json")
-    results["table"] = run_cli("show", record_id, "--store", str(plain_store),
+    results["shown"] = run_inproc("show", record_id, "--store", str(plain_store), "--json")
+    results["table"] = run_inproc("show", record_id, "--store", str(plain_store),
                                env={"COLUMNS": "400"})
     return {**results, "agent": agent, "evalset": evalset, "plain_store": plain_store}
 

@@ -3,7 +3,8 @@
 Record A (``run``) scores everything. Record B (``run --reuse``) changes one thing per input:
 the reference of ``weather_unknown_city``, the agent output of ``weather_two_cities``, the threshold
 of ``response_match_score`` and the version of the custom metric. Record C (``rescore B
---reuse --force``) scores B's inputs again. Every command runs in a fresh process.
+--reuse --force``) scores B's inputs again. Every command runs through the real CLI in the
+test process (:mod:`tests._cli`).
 
 How the agent "answers differently" for one case without changing the agent: the agent copy's
 ``get_weather`` tool reads a test hook from the environment (present in A's agent already, so

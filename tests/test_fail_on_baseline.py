@@ -2,7 +2,8 @@
 ``diff --fail-on-change``, and the flow's final state following the gate.
 
 A small eval set (three cases of the demo, two code metrics: no judge) keeps every run
-short; each run is a real CLI process on the session's Prefect server."""
+short; each run is the real CLI in the test process (:mod:`tests._cli`) on the session's
+Prefect server."""
 
 from __future__ import annotations
 
@@ -12,10 +13,17 @@ from pathlib import Path
 import pytest
 
 from evalsnap.reports.regressions import compare, gate
+from tests._cli import run_inproc
 from tests.conftest import EVALSET
 
 CASES = ["weather_paris", "cart_add_two_items", "greeting_then_weather"]
 CRITERIA = {"tool_trajectory_avg_score": 1.0, "response_match_score": 0.5}
+
+
+@pytest.fixture
+def cli():
+    """The command line in this process (what a process adds is tests/test_cli_process.py's)."""
+    return run_inproc
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """Issue 19 item 6: ``evalsnap gc`` — retention that never loses what a kept or running run names.
 
-Real runs of the demo agent (fresh ``evalsnap`` processes), gc through the real CLI, on local
+Real runs of the demo agent (through the real CLI in the test process, :mod:`tests._cli`;
+processes of their own where a run must be in flight while gc runs), gc through the real CLI, on local
 disk, S3 (moto) and GCS (fake-gcs-server); ``verify`` and ``show`` judge what is left.
 """
 
@@ -23,7 +24,8 @@ import fsspec
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import ROOT, SHOP, run_cli
+from tests._cli import run_inproc
+from tests.conftest import ROOT, SHOP
 from tests.servers import Server, gcs_create_bucket, moto_with_bucket, start_fake_gcs
 
 CASES_A = ["weather_paris", "cart_add_two_items", "cart_add_then_show"]
@@ -54,26 +56,26 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _run(agent: Path, store: str, cases: list[str], *extra: str, evalset: str = "shop",
          env: dict[str, str] | None = None) -> dict[str, Any]:
-    result = run_cli("run", str(agent), str(agent / f"{evalset}.evalset.json"), "--store", store,
+    result = run_inproc("run", str(agent), str(agent / f"{evalset}.evalset.json"), "--store", store,
                      "--json", *[a for c in cases for a in ("--case", c)], *extra, env=env)
     assert result.code in (0, 1), result.stderr[-3000:]
     return result.json
 
 
 def _gc(store: str, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
-    result = run_cli("gc", "--store", store, "--json", *args, env=env)
+    result = run_inproc("gc", "--store", store, "--json", *args, env=env)
     assert result.code == 0, result.stderr[-3000:]
     return result.json
 
 
 def _verify(store: str, env: dict[str, str] | None = None) -> None:
-    result = run_cli("verify", "--store", store, "--json", env=env)
+    result = run_inproc("verify", "--store", store, "--json", env=env)
     assert result.code == 0, result.stdout[-3000:] + result.stderr[-2000:]
 
 
 def _shown_fully(store: str, run_id: str, cases: list[str], env: dict[str, str] | None = None) -> None:
     """``show RUN --json`` resolves every case, unit and judge ledger entry of the run."""
-    shown = run_cli("show", run_id, "--store", store, "--json", env=env)
+    shown = run_inproc("show", run_id, "--store", store, "--json", env=env)
     assert shown.code == 0, shown.stderr[-3000:]
     body = shown.json
     assert {c["eval_id"] for c in body["cases"]} == set(cases)
@@ -114,7 +116,7 @@ def test_dry_run_lists_what_would_go_and_deletes_nothing(two_sets: dict[str, Any
     assert report["kinds"]["run"]["removed"] == 3 and report["kinds"]["record"]["removed"] == 3
     assert all(u.startswith(store) for u in report["removed"])
     assert _tree(Path(store)) == before
-    table = run_cli("gc", "--store", store, "--keep-last", "1", "--grace", "0", "--dry-run")
+    table = run_inproc("gc", "--store", store, "--keep-last", "1", "--grace", "0", "--dry-run")
     assert table.code == 0 and "would remove" in table.stdout, table.stderr[-2000:]
     assert _tree(Path(store)) == before
 
@@ -122,7 +124,7 @@ def test_dry_run_lists_what_would_go_and_deletes_nothing(two_sets: dict[str, Any
 def test_older_than_removes_only_runs_older_than_that(two_sets: dict[str, Any]) -> None:
     store = two_sets["store"]
     shop = two_sets["runs"]["shop"]
-    created = [dt.datetime.fromisoformat(run_cli("show", run["run_id"], "--store", store, "--json")
+    created = [dt.datetime.fromisoformat(run_inproc("show", run["run_id"], "--store", store, "--json")
                                          .json["record"]["created_at"].replace("Z", "+00:00"))
                .timestamp() for run in shop[:2]]
     assert created[1] - created[0] > 20, created  # the fixture waits between them
@@ -147,7 +149,7 @@ def test_keep_last_counts_per_eval_set_and_verify_passes(two_sets: dict[str, Any
         newest = two_sets["runs"][evalset][-1]
         _shown_fully(store, newest["run_id"], [c["eval_id"] for c in newest["cases"]])
     for gone in report["runs_removed"]:
-        assert run_cli("show", gone["run_id"], "--store", store).code == 2
+        assert run_inproc("show", gone["run_id"], "--store", store).code == 2
         assert not list((Path(store) / "v1").rglob(f"*{gone['record_id'].split(':')[1]}*.html"))
     again = _gc(store, "--keep-last", "1", "--grace", "0")
     assert again["removed_count"] == 0, again["removed"]
@@ -300,9 +302,9 @@ def test_gcs_smoke(agent: Path) -> None:
 
 def test_usage_errors_exit_2(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
-    assert run_cli("gc", "--store", store).code == 2
-    assert run_cli("gc", "--store", store, "--keep-last", "0").code == 2
-    bad = run_cli("gc", "--store", store, "--keep-last", "1", "--grace", "soon")
+    assert run_inproc("gc", "--store", store).code == 2
+    assert run_inproc("gc", "--store", store, "--keep-last", "0").code == 2
+    bad = run_inproc("gc", "--store", store, "--keep-last", "1", "--grace", "soon")
     assert bad.code == 2 and "grace" in bad.stderr
 
 

@@ -6,6 +6,7 @@ import json
 import textwrap
 from pathlib import Path
 
+from tests._cli import run_inproc
 from tests.conftest import run_cli
 
 PRINTING = textwrap.dedent('''
@@ -83,7 +84,7 @@ def test_os_exit_in_a_scoring_process_is_that_metrics_not_evaluated(shop_copy: P
     assert "scoring process ended" in metrics["hostile"]["reason"]
     assert {metrics[m]["status"] for m in ("response_match_score", "tool_trajectory_avg_score")} \
         == {"PASSED"}
-    shown = run_cli("show", result.json["record_id"], "--store", store, "--json")
+    shown = run_inproc("show", result.json["record_id"], "--store", store, "--json")
     assert shown.code == 0
 
 

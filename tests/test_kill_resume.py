@@ -32,6 +32,7 @@ import pytest
 
 from evalsnap.reports.verify import verify_store
 from storage import Store
+from tests._cli import run_inproc
 from tests.conftest import ROOT, SHOP, CliResult, run_cli
 from tests.servers import Server, moto_with_bucket
 
@@ -75,9 +76,9 @@ def _run_args(agent: dict[str, Path], store: str) -> list[str]:
 def uninterrupted(agent: dict[str, Path]) -> dict[str, Any]:
     """A full run without latency: the scores and per-case agent calls to compare with."""
     store = str(agent["base"] / "reference-store")
-    run = run_cli(*_run_args(agent, store), "--json")
+    run = run_inproc(*_run_args(agent, store), "--json")
     assert run.code in (0, 1), run.stderr[-3000:]
-    shown = run_cli("show", run.json["run_id"], "--store", store, "--json")
+    shown = run_inproc("show", run.json["run_id"], "--store", store, "--json")
     assert shown.code == 0, shown.stderr[-3000:]
     calls = {c["eval_id"]: c["inference"]["model_calls"] for c in shown.json["cases"]}
     fps = {c["eval_id"]: c["inference"]["inference_fingerprint"] for c in shown.json["cases"]}
@@ -139,7 +140,7 @@ def resumed(request: pytest.FixtureRequest, agent: dict[str, Path],
         killed = _kill_midway(_run_args(agent, url), env, store)
         after_kill = verify_store(store)
         resume = run_cli(*_run_args(agent, url), "--reuse", "--json", env=env)
-        verify = run_cli("verify", "--store", url, env=env)
+        verify = run_inproc("verify", "--store", url, env=env)
         yield {"backend": request.param, "url": url, "store": store, "killed": killed,
                "after_kill": after_kill, "resume": resume, "verify": verify}
 

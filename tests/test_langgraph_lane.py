@@ -35,7 +35,8 @@ from google.genai import types
 
 from evalsnap.errors import AgentLoadError, UsageError
 from tests._adk_parity import local_eval_service, scores
-from tests.conftest import ROOT, run_cli
+from tests._cli import run_inproc
+from tests.conftest import ROOT
 
 EXAMPLE = ROOT / "examples" / "langgraph_agent"
 MEMO = ROOT / "tests" / "fixtures" / "langgraph_projects" / "memo_graph"
@@ -64,10 +65,10 @@ def lane(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     agent = _copy(EXAMPLE, base)
     store = str(base / "store")
     evalset = str(agent / EVALSET)
-    cold = run_cli("run", str(agent), evalset, "--store", store, "--json")
+    cold = run_inproc("run", str(agent), evalset, "--store", store, "--json")
     assert cold.code == 1, cold.stderr[-3000:]  # the designed failures
-    warm = run_cli("run", str(agent), evalset, "--store", store, "--json", "--reuse")
-    shown = run_cli("show", cold.json["record_id"], "--store", store, "--json")
+    warm = run_inproc("run", str(agent), evalset, "--store", store, "--json", "--reuse")
+    shown = run_inproc("show", cold.json["record_id"], "--store", store, "--json")
     return {"agent": agent, "store": store, "cold": cold.json, "warm": warm, "shown": shown.json}
 
 
@@ -201,12 +202,12 @@ def test_reuse_rerun_spends_no_agent_call(lane) -> None:
 def test_a_tool_edit_reruns_inference_and_a_reference_edit_does_not(tmp_path: Path) -> None:
     agent = _copy(EXAMPLE, tmp_path)
     store, evalset = str(tmp_path / "store"), agent / EVALSET
-    cold = run_cli("run", str(agent), str(evalset), "--store", store, "--json")
+    cold = run_inproc("run", str(agent), str(evalset), "--store", store, "--json")
     assert cold.code == 1, cold.stderr[-3000:]
     data = json.loads(evalset.read_text("utf-8"))
     data["eval_cases"][0]["conversation"][0]["final_response"]["parts"][0]["text"] = "Rome is sunny."
     evalset.write_text(json.dumps(data), "utf-8")
-    reference = run_cli("run", str(agent), str(evalset), "--store", store, "--json", "--reuse").json
+    reference = run_inproc("run", str(agent), str(evalset), "--store", store, "--json", "--reuse").json
     assert reference["agent_calls"] == 0
     # the edited case's scores are stale (its case key holds the reference), no other's
     assert {c["eval_id"] for c in reference["cases"] for m in c["metrics"].values()
@@ -214,7 +215,7 @@ def test_a_tool_edit_reruns_inference_and_a_reference_edit_does_not(tmp_path: Pa
     tools = agent / "tools.py"
     tools.write_text(tools.read_text("utf-8").replace(
         "Returns the current weather for a city.", "Returns today's weather for a city."), "utf-8")
-    edited = run_cli("run", str(agent), str(evalset), "--store", store, "--json", "--reuse").json
+    edited = run_inproc("run", str(agent), str(evalset), "--store", store, "--json", "--reuse").json
     assert edited["agent_calls"] == cold.json["agent_calls"]  # every case ran again
     # the agent answers as before, so the case keys and the scores are the same ones
     assert _scores(edited) == _scores(reference)
@@ -245,11 +246,11 @@ def test_langgraph_json_project_with_a_checkpointer(tmp_path: Path) -> None:
     through the graph's checkpointer (turn 2 remembers turn 1 only through the thread);
     non-JSON state values are left out of the final state."""
     project = _copy(MEMO, tmp_path)
-    result = run_cli("run", str(project), str(project / "memo.evalset.json"), "--store",
+    result = run_inproc("run", str(project), str(project / "memo.evalset.json"), "--store",
                      str(tmp_path / "store"), "--json")
     assert result.code == 0, result.stderr[-3000:]
     assert result.json["agent_calls"] == 2
-    shown = run_cli("show", result.json["record_id"], "--store", str(tmp_path / "store"), "--json").json
+    shown = run_inproc("show", result.json["record_id"], "--store", str(tmp_path / "store"), "--json").json
     case = shown["cases"][0]
     assert case["final_session_state"] == {"notes": ["seeded", "turn 1: you said apples",
                                                      "turn 2: you said apples | pears"]}

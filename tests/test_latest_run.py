@@ -11,7 +11,7 @@ import pytest
 
 from evalsnap.errors import NotFoundError
 from evalsnap.records import RunManifest, repo
-from tests.conftest import run_cli
+from tests._cli import run_inproc
 
 
 def _manifest(run_id: str, created_at: str) -> RunManifest:
@@ -46,7 +46,7 @@ def test_latest_is_the_newest_readable_manifest_in_list_order(tmp_path: Path):
 def test_inference_run_id_reads_the_run_without_validating_the_conversation(
         tmp_path: Path, shop_copy: Path):
     url = str(tmp_path / "store")
-    r = run_cli("run", str(shop_copy), str(shop_copy / "shop.evalset.json"), "--store", url,
+    r = run_inproc("run", str(shop_copy), str(shop_copy / "shop.evalset.json"), "--store", url,
                 "--case", "weather_paris", "--case", "cart_add_two_items",
                 "--metric", "response_match_score", "--json")
     assert r.code in (0, 1), f"expected the run to finish, got {r.code}: {r.stderr[-3000:]}"

@@ -1,7 +1,9 @@
 """Issue 6: full runs against S3 (moto) and GCS (fake-gcs-server), reuse from a new process,
 Prefect's task cache in the bucket, and fast, clear failures for unusable stores.
 
-Every CLI call is a fresh process given only dummy credentials and 127.0.0.1 endpoints.
+Every CLI call is given only dummy credentials and 127.0.0.1 endpoints; the cold runs and the
+reading commands run in the test process (:mod:`tests._cli`), the ``--reuse`` runs in a new
+process each, since a new process is what they are about.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import fsspec
 import pytest
 
+from tests._cli import run_inproc
 from tests.conftest import SHOP, free_port, run_cli
 from tests.servers import Server, gcs_create_bucket, moto_with_bucket, s3_create_bucket, start_fake_gcs, start_moto
 
@@ -68,7 +71,7 @@ def fake_gcs() -> Iterator[Server]:
 
 def _two_runs(agent: Path, url: str, env: dict[str, str]) -> dict[str, Any]:
     evalset = str(agent / "shop.evalset.json")
-    cold = run_cli("run", str(agent), evalset, "--store", url, "--json", env=env)
+    cold = run_inproc("run", str(agent), evalset, "--store", url, "--json", env=env)
     warm = run_cli("run", str(agent), evalset, "--store", url, "--json", "--reuse", env=env)
     return {"url": url, "env": env, "cold": cold, "warm": warm}
 
@@ -150,7 +153,7 @@ def test_objects_manifests_and_task_cache_live_in_the_bucket(runs: dict[str, Any
 
 
 def test_verify_passes_on_the_bucket(runs: dict[str, Any]) -> None:
-    result = run_cli("verify", "--store", runs["url"], "--json", env=runs["env"])
+    result = run_inproc("verify", "--store", runs["url"], "--json", env=runs["env"])
     assert result.code == 0, result.stdout + result.stderr[-2000:]
     assert result.json["runs"] == 2 and result.json["problems"] == []
 
@@ -179,7 +182,7 @@ def test_second_process_gets_prefect_cache_hits_from_the_bucket(runs: dict[str, 
 # ---- unusable stores: exit 2 naming the URL ---------------------------------------------------
 
 def _run_quick(agent: Path, url: str, env: dict[str, str]) -> Any:
-    return run_cli("run", str(agent), str(agent / "shop.evalset.json"), "--store", url,
+    return run_inproc("run", str(agent), str(agent / "shop.evalset.json"), "--store", url,
                    "--json", env=env, timeout=120)
 
 
@@ -237,7 +240,7 @@ def test_storage_options_reach_the_scoring_process(agent: Path, moto: Server,
     url = f"s3://{BUCKET}/opts-{uuid.uuid4().hex[:8]}"
     # no AWS_ENDPOINT_URL: only the option says where
     env = _env(EVALSNAP_SCORE_PROCESSES="1", EVALSNAP_SCORE_POOL_MIN_UNITS="0")
-    result = run_cli("run", str(agent), str(agent / "shop.evalset.json"), "--store", url,
+    result = run_inproc("run", str(agent), str(agent / "shop.evalset.json"), "--store", url,
                      "--storage-option", f"endpoint_url={moto.url}", "--json", env=env)
     assert result.code == 3, result.stderr[-3000:]  # the demo's designed failures, no more
 

@@ -19,7 +19,8 @@ from evalsnap.cli import app
 from evalsnap.records import LedgerEntry, ScoreUnit, repo
 from evalsnap.reports.replay import ReplayMismatchError, replay
 from shop_agent import offline_models  # the demo's (examples/ on sys.path)
-from tests.conftest import EVALSET, SHOP, run_cli
+from tests._cli import run_inproc
+from tests.conftest import EVALSET, SHOP
 
 FRM = "final_response_match_v2"
 # a few cases keep the CLI runs short: one and two invocations, and the designed FRM failure
@@ -37,16 +38,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     base = tmp_path_factory.mktemp("replay")
     store = str(base / "store")
     demo_off = {"EVALSNAP_DEMO_JUDGE_GARBLE": "", "EVALSNAP_DEMO_JUDGE_FAIL_FIRST": ""}
-    first = run_cli("run", str(SHOP), str(EVALSET), "--store", store, *ONLY, "--json",
+    first = run_inproc("run", str(SHOP), str(EVALSET), "--store", store, *ONLY, "--json",
                     env=demo_off)
-    replayed = run_cli("replay", "latest", "--store", store, "--json", env=demo_off)
+    replayed = run_inproc("replay", "latest", "--store", store, "--json", env=demo_off)
     config = json.loads((SHOP / "test_config.json").read_text("utf-8"))
     config["criteria"][FRM]["threshold"] = 0.0
     (base / "threshold.json").write_text(json.dumps(config))
-    threshold = run_cli("run", str(SHOP), str(EVALSET), "--config", str(base / "threshold.json"),
+    threshold = run_inproc("run", str(SHOP), str(EVALSET), "--config", str(base / "threshold.json"),
                         "--store", store, "--reuse", *ONLY, "--json", env=demo_off)
     garbled_store = str(base / "garbled")
-    garbled = run_cli("run", str(SHOP), str(EVALSET), "--store", garbled_store, "--metric", FRM,
+    garbled = run_inproc("run", str(SHOP), str(EVALSET), "--store", garbled_store, "--metric", FRM,
                       "--case", "weather_paris", "--json",
                       env={**demo_off, "EVALSNAP_DEMO_JUDGE_GARBLE": "1"})
     return dict(store=store, first=first, replayed=replayed, threshold=threshold,

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import run_cli
+from tests._cli import run_inproc
 from tests.test_reports import PAYLOAD, check_numbers, crafted_shop, parse_page
 
 CHROMIUM = shutil.which("chromium")
@@ -44,9 +44,9 @@ def published(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("browser")
     agent, evalset = crafted_shop(root)
     store = root / "store"
-    r = run_cli("run", str(agent), str(evalset), "--store", str(store), "--json")
+    r = run_inproc("run", str(agent), str(evalset), "--store", str(store), "--json")
     assert r.code in (1, 3), r.stderr[-3000:]
-    shown = run_cli("show", r.json["run_id"], "--store", str(store), "--json")
+    shown = run_inproc("show", r.json["run_id"], "--store", str(store), "--json")
     assert shown.code == 0, shown.stderr[-2000:]
     page = store / "v1" / "refs" / "reports" / (r.json["record_id"].removeprefix("sha256:") + ".html")
     assert page.is_file(), "expected the run to publish its HTML report beside its record"

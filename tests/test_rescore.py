@@ -1,32 +1,28 @@
 """``evalsnap rescore`` end to end: frozen inference, edited references, force, bad input.
 
-One real ``evalsnap run`` per module (a subprocess against the session's Prefect server);
-every rescore below starts from it. Bad-input cases fail before any flow starts, so they
-run in-process through typer's runner (the same command functions, without the ~10 s
-start-up of a subprocess).
+Every rescore below starts from a copy of the session's one cold ``evalsnap run`` of the demo
+(:mod:`tests._golden`), and runs in this process against the session's Prefect server
+(:mod:`tests._cli`). Bad-input cases fail before any flow starts, so they run through
+typer's runner directly.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from evalsnap.records import EvaluationRecord, Snapshot, repo
-from tests.conftest import SHOP, run_cli
+from tests._cli import run_inproc
+from tests.conftest import SHOP
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    root = tmp_path_factory.mktemp("rescore")
-    agent = root / "agents" / "shop_agent"
-    shutil.copytree(SHOP, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
-    store = root / "store"
-    result = run_cli("run", str(agent), str(agent / "shop.evalset.json"), "--store", str(store),
-                     "--json")
+def base(tmp_path_factory: pytest.TempPathFactory, golden_demo) -> dict:
+    """A copy of the session's cold demo run (tests._golden)."""
+    agent, store, result = golden_demo.copy(tmp_path_factory.mktemp("rescore"))
     assert result.code in (0, 1, 3), result.stderr[-3000:]
     return {"agent": agent, "store": str(store), "run": result.json,
             "config": str(agent / "test_config.json")}
@@ -54,7 +50,7 @@ def test_rescore_edited_eval_set_never_calls_the_agent(base: dict, tmp_path: Pat
     edited = tmp_path / "edited.evalset.json"
     edited.write_text(json.dumps(data), "utf-8")
 
-    r = run_cli("rescore", base["run"]["run_id"], "--evalset", str(edited), "--config",
+    r = run_inproc("rescore", base["run"]["run_id"], "--evalset", str(edited), "--config",
                 base["config"], "--store", base["store"], "--reuse", "--json")
     assert r.code in (0, 1, 3), r.stderr[-3000:]
     out = r.json
@@ -92,7 +88,7 @@ def test_force_after_editing_and_deleting_the_eval_set_scores_identically(
     evalset.write_text(json.dumps(data), "utf-8")
     evalset.unlink()  # edited, then gone: the snapshot alone must be enough
 
-    r = run_cli("rescore", base["run"]["snapshot_id"], "--config", base["config"],
+    r = run_inproc("rescore", base["run"]["snapshot_id"], "--config", base["config"],
                 "--store", base["store"], "--force", "--json")
     assert r.code in (0, 1, 3), r.stderr[-3000:]
     out = r.json

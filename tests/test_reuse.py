@@ -1,5 +1,6 @@
 """Auditable reuse at the unit level, through the real CLI (``run``, ``rescore``, ``show``,
-``explain``) in fresh processes.
+``explain``), in the test process (:mod:`tests._cli`; a new process where the hash seed
+or ``PYTHONPATH`` matters).
 
 Each test gets a private copy of one prepared store: the example agent's inference for every
 case and a baseline record scored without reuse (``evalsnap run``). What a test changes (a
@@ -33,7 +34,8 @@ from evalsnap.records import (
     Snapshot,
     repo,
 )
-from tests.conftest import ROOT, SHOP, CliResult, run_cli
+from tests._cli import run_inproc
+from tests.conftest import ROOT, SHOP, CliResult
 
 FIXTURES = Path(__file__).parent / "fixtures" / "records"
 Key = tuple[str, str]
@@ -100,7 +102,7 @@ def cli_run(url: str, agent: Path, evalset: Path, *flags: str, config: Path | No
     args = ["run", str(agent), str(evalset), "--store", url, "--json", *flags]
     if config is not None:
         args += ["--config", str(config)]
-    return _publish_result(url, run_cli(*args, env=env), f"run {' '.join(flags)}")
+    return _publish_result(url, run_inproc(*args, env=env), f"run {' '.join(flags)}")
 
 
 def cli_rescore(url: str, source: str, *flags: str, config: Path, code_path: Path,
@@ -109,7 +111,7 @@ def cli_rescore(url: str, source: str, *flags: str, config: Path, code_path: Pat
             "--code-path", str(code_path), *flags]
     if evalset is not None:
         args += ["--evalset", str(evalset)]
-    return _publish_result(url, run_cli(*args, env=env), f"rescore {' '.join(flags)}")
+    return _publish_result(url, run_inproc(*args, env=env), f"rescore {' '.join(flags)}")
 
 
 @dataclass
@@ -296,7 +298,7 @@ def test_force_scores_everything_and_keeps_both_records(world: World) -> None:
         "expected the baseline record unchanged"
     runs = {m.run_id for m in repo.list_manifests(world.store)}
     assert {world.base.run_id, r.record.run_id} <= runs, "expected both runs kept"
-    ls = run_cli("ls", "--store", world.url, "--json")
+    ls = run_inproc("ls", "--store", world.url, "--json")
     assert ls.code == 0 and {world.base.run_id, r.record.run_id} <= {
         x["run_id"] for x in ls.json["runs"]}, "expected `ls` to list both runs"
     for u in r.record.units:  # same inputs and deterministic metrics: the very same object
@@ -522,7 +524,7 @@ def test_restoring_a_record_never_imports_code_named_in_it(world: World) -> None
     trap_run = trap.json["run_id"]
 
     # rescoring that run with no config: refused, without importing anything
-    refused = run_cli("rescore", trap_run, "--store", world.url, "--json", env=env)
+    refused = run_inproc("rescore", trap_run, "--store", world.url, "--json", env=env)
     assert refused.code == 2, f"expected exit 2, got {refused.code}: {refused.stderr[-2000:]}"
     assert "never imports code" in " ".join(refused.stderr.split()), refused.stderr[-2000:]
     assert not marker.exists(), "expected rescore without a config not to import the trap"
@@ -537,6 +539,6 @@ def test_restoring_a_record_never_imports_code_named_in_it(world: World) -> None
     for args in (("show", r.json["run_id"], "--json"), ("explain", r.json["run_id"], "--json"),
                  ("show", trap_run, "--json"), ("explain", trap_run, "--json"),
                  ("diff", trap_run, r.json["run_id"], "--json")):
-        out = run_cli(*args, "--store", world.url, env=env)
+        out = run_inproc(*args, "--store", world.url, env=env)
         assert out.code == 0, f"expected {args[0]} to succeed: {out.stderr[-2000:]}"
         assert not marker.exists(), f"expected `{args[0]}` never to import code named in a record"

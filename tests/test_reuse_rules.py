@@ -10,7 +10,8 @@ checks, per (case, metric), whether the unit was reused or scored again — in t
 output *and* in what the store holds: a unit scored again was written by that run, a reused
 unit names the earlier run that wrote it. After every scenario ``evalsnap verify`` runs.
 
-Only the public path is used: the CLI in fresh processes, and the store read through
+Only the public path is used: the CLI (in the test process, :mod:`tests._cli`; in a
+process of its own where a scenario sets ``PYTHONPATH``), and the store read through
 ``evalsnap.records`` and files on disk. Nothing imports the pipeline, tasks or flows.
 """
 
@@ -26,7 +27,8 @@ from typing import Any
 import pytest
 
 from evalsnap.records import EvaluationRecord, ScoreUnit, repo
-from tests.conftest import SHOP, CliResult, run_cli
+from tests._cli import run_inproc
+from tests.conftest import SHOP, CliResult
 
 CASES = ("weather_paris", "cart_add_two_items", "greeting_then_weather",
          "weather_paris_stale_reference")
@@ -111,17 +113,17 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Base:
     agent = root / "agents" / "shop_agent"
     shutil.copytree(SHOP, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
     store = root / "store"
-    first = run_cli(*run_args(agent, store))
+    first = run_inproc(*run_args(agent, store))
     assert first.code in (0, 1), f"expected the base run to finish (exit 0/1), got {first.code}: " \
                                  f"{first.stderr[-3000:]}"
-    again = run_cli(*run_args(agent, store, "--reuse"))
+    again = run_inproc(*run_args(agent, store, "--reuse"))
     assert again.code == first.code, f"expected the base --reuse run to exit {first.code}, got " \
                                      f"{again.code}: {again.stderr[-3000:]}"
     assert again.json["scored_units"] == 0 and again.json["agent_calls"] == 0, \
         f"expected the base --reuse run to reuse everything: {again.stdout[-2000:]}"
     # whatever its layout, Prefect's task cache now holds results for the planted scenarios
     assert prefect_files(store), "expected Prefect result storage files under v1/prefect/"
-    verify = run_cli("verify", "--store", str(store), "--json")
+    verify = run_inproc("verify", "--store", str(store), "--json")
     assert verify.code == 0, f"expected the prepared store to verify clean: {verify.stdout}"
     return Base(agent, store, first.json, first.code, again.json)
 
@@ -543,7 +545,7 @@ def check_verify(w: World, s: Scenario) -> None:
     one of those objects, any manifest finding is about a run from before the damage, and no
     manifest written after the damage names them (checked in the scenario's extra check).
     """
-    r = run_cli("verify", "--store", str(w.store), "--json")
+    r = run_inproc("verify", "--store", str(w.store), "--json")
     report = r.json
     if not s.damage:
         assert r.code == 0 and report["ok"], \
@@ -575,7 +577,7 @@ def test_reuse_rule(world: World, s: Scenario) -> None:
     s.setup(w)
     pre = []
     for flags in s.pre_runs:
-        r = run_cli(*run_args(w.agent, w.store, *flags, cases=s.cases),
+        r = run_inproc(*run_args(w.agent, w.store, *flags, cases=s.cases),
                     env={**w.env, **s.pre_env})
         code = w.base.first_code if s.pre_code is None else s.pre_code
         assert r.code == code, f"preparatory run {flags}: expected exit {code}, got {r.code}; " \
@@ -584,7 +586,7 @@ def test_reuse_rule(world: World, s: Scenario) -> None:
     w.notes["pre"] = pre
     runs = []
     for i in range(s.checked):
-        r = run_cli(*run_args(w.agent, w.store, *s.flags, cases=s.cases), env=w.env)
+        r = run_inproc(*run_args(w.agent, w.store, *s.flags, cases=s.cases), env=w.env)
         runs.append(r)
         s.guard(w, r)
         check_run(w, s, r, f"{s.name}: checked run {i + 1} of {s.checked} ({' '.join(s.flags)})")

@@ -8,6 +8,7 @@ import time
 import uuid
 from pathlib import Path
 
+from tests._cli import run_inproc
 from tests.conftest import run_cli
 
 
@@ -62,5 +63,5 @@ def test_a_scoring_process_gives_the_units_of_one_process(shop_copy: Path, tmp_p
     while _processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _processes_with(marker) == [], "the scoring process outlived the CLI"
-    verify = run_cli("verify", "--store", pooled_store)
+    verify = run_inproc("verify", "--store", pooled_store)
     assert verify.code == 0, verify.stdout + verify.stderr[-2000:]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.conftest import run_cli
+from tests._cli import run_inproc
 
 SECRET_HEADER = "x-goog-api-key-SECRETVALUE-123"
 SECRET_ENV = "AKIAFAKESECRETENVVALUE42"
@@ -25,7 +25,7 @@ def test_store_contains_no_credentials_headers_or_env(tmp_path: Path, shop_copy:
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps(config))
     store = tmp_path / "store"
-    result = run_cli("run", str(shop_copy), str(shop_copy / "shop.evalset.json"), "--config",
+    result = run_inproc("run", str(shop_copy), str(shop_copy / "shop.evalset.json"), "--config",
                      str(cfg), "--store", str(store), "--case", "weather_paris", "--case",
                      "cart_add_two_items", "--json",
                      env={"AWS_SECRET_ACCESS_KEY": SECRET_ENV, "GOOGLE_API_KEY": SECRET_ENV})

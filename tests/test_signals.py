@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests._cli import run_inproc
 
 HANGS = textwrap.dedent('''
     import os
@@ -131,12 +131,12 @@ def test_a_run_stuck_in_a_metric_stops_within_seconds(shop_copy, tmp_path, sig, 
     assert "nothing was published" in stderr and "Traceback" not in stderr
     assert not list((store / "v1" / "refs" / "runs").glob("*"))  # no run manifest
     # what was finished is kept: a --reuse rerun without the hanging metric calls no agent
-    rerun = run_cli("run", str(shop_copy), str(shop_copy / "shop.evalset.json"), "--store",
-                    str(store), "--case", "weather_paris", "--case", "weather_two_cities",
-                    "--metric", "response_match_score", "--reuse", "--json")
+    rerun = run_inproc("run", str(shop_copy), str(shop_copy / "shop.evalset.json"), "--store",
+                       str(store), "--case", "weather_paris", "--case", "weather_two_cities",
+                       "--metric", "response_match_score", "--reuse", "--json")
     assert rerun.code in (0, 1), rerun.stderr[-3000:]
     assert rerun.json["agent_calls"] == 0
-    assert run_cli("verify", "--store", str(store)).code == 0
+    assert run_inproc("verify", "--store", str(store)).code == 0
 
 
 def test_the_message_names_what_was_published_before_the_signal(shop_copy, tmp_path):
@@ -153,7 +153,7 @@ def test_the_message_names_what_was_published_before_the_signal(shop_copy, tmp_p
     _wait_for(mark.exists, 120, proc)
     elapsed, stderr, left = _stopped(proc, signal.SIGINT, group=True)
     assert proc.returncode == 130 and elapsed < 15 and not left, stderr[-3000:]
-    listed = run_cli("ls", "--store", str(store), "--json")
+    listed = run_inproc("ls", "--store", str(store), "--json")
     runs = [json.loads(line) for line in listed.stdout.splitlines() if line.strip()]
     published = [line for line in stderr.splitlines() if "was published before the stop" in line]
     assert len(published) == 1 and "'shop'" in published[0], stderr[-3000:]

@@ -9,7 +9,7 @@
   a bucket role without ``s3:PutObject`` on moto); only commands that write need to write,
   and their hint fits the backend. An unknown ``--storage-option`` is exit 2 naming it.
 
-Everything goes through the real CLI, in fresh processes. One cold run of one case builds a
+Everything goes through the real CLI, in the test process (:mod:`tests._cli`). One cold run of one case builds a
 local store; each test plants its damage in its own copy.
 """
 
@@ -27,7 +27,8 @@ import pytest
 
 from evalsnap.records import EvaluationRecord, ManifestEntry, repo
 from storage import Store
-from tests.conftest import SHOP, CliResult, run_cli
+from tests._cli import run_inproc
+from tests.conftest import SHOP, CliResult
 from tests.servers import Server, start_moto
 from tests.test_remote_stores import _env
 
@@ -39,7 +40,7 @@ NEWEST_RUN = "20991231T235959Z-deep00"
 
 
 def _run(agent: Path, store: str, *extra: str, env: dict[str, str] | None = None) -> CliResult:
-    return run_cli("run", str(agent), str(agent / "shop.evalset.json"), "--store", store,
+    return run_inproc("run", str(agent), str(agent / "shop.evalset.json"), "--store", store,
                    "--case", CASE, "--json", *extra, env=env)
 
 
@@ -90,20 +91,20 @@ def test_deep_manifest_is_a_typed_error_and_latest_skips_it(base: dict[str, Any]
     (_refs(store, "runs") / deep_run).write_bytes(DEEP)
     (_refs(store, "runs") / NEWEST_RUN).write_bytes(_newest_but_wrong())
     for command in ("show", "explain"):
-        direct = run_cli(command, deep_run, "--store", str(store))
+        direct = run_inproc(command, deep_run, "--store", str(store))
         _typed(direct)
         assert f"runs/{deep_run}" in direct.stderr and "nested too deeply" in direct.stderr
-        wrong = run_cli(command, NEWEST_RUN, "--store", str(store))
+        wrong = run_inproc(command, NEWEST_RUN, "--store", str(store))
         _typed(wrong)
         assert f"runs/{NEWEST_RUN}" in wrong.stderr and "does not match" in wrong.stderr
-    latest = run_cli("show", "latest", "--store", str(store), "--json")
+    latest = run_inproc("show", "latest", "--store", str(store), "--json")
     _typed(latest, 0)
     assert latest.json["record_id"] == base["cold"]["record_id"]  # the readable run
-    _typed(run_cli("explain", "latest", "--store", str(store)), 0)
-    listed = run_cli("ls", "--store", str(store), "--json")
+    _typed(run_inproc("explain", "latest", "--store", str(store)), 0)
+    listed = run_inproc("ls", "--store", str(store), "--json")
     _typed(listed, 0)
     assert [r["run_id"] for r in listed.json["runs"]] == [base["run_id"]]
-    verify = run_cli("verify", "--store", str(store), "--json")
+    verify = run_inproc("verify", "--store", str(store), "--json")
     _typed(verify, 1)
     problems = {p["run_id"]: p for p in verify.json["problems"]}
     assert set(problems) == {deep_run, NEWEST_RUN}
@@ -132,12 +133,12 @@ def test_deep_record_is_a_typed_error_everywhere(base: dict[str, Any]) -> None:
     oid = _plant_record(store, base, DEEP)
     for ref in (base["run_id"], "latest", oid):
         for command in ("show", "explain"):
-            result = run_cli(command, ref, "--store", str(store))
+            result = run_inproc(command, ref, "--store", str(store))
             _typed(result)
             assert f"record {oid}" in result.stderr and "nested too deeply" in result.stderr
-    diffed = run_cli("diff", "latest", base["cold"]["record_id"], "--store", str(store))
+    diffed = run_inproc("diff", "latest", base["cold"]["record_id"], "--store", str(store))
     _typed(diffed)
-    verify = run_cli("verify", "--store", str(store), "--json")
+    verify = run_inproc("verify", "--store", str(store), "--json")
     _typed(verify, 1)
     found = {(p["kind"], p["oid"]) for p in verify.json["problems"]}
     assert ("record", oid) in found and ("manifest", oid) in found
@@ -169,7 +170,7 @@ def test_bad_unit_index_entry_counts_as_absent(base: dict[str, Any], fault: str)
     metric = "tool_trajectory_avg_score"
     name = _unit_entry(base, metric)
     (_refs(store, "index/unit") / name).write_bytes(BAD_ENTRIES[fault])
-    verify = run_cli("verify", "--store", str(store), "--json")
+    verify = run_inproc("verify", "--store", str(store), "--json")
     _typed(verify, 1)
     [problem] = verify.json["problems"]
     assert problem["kind"] == "index" and problem["location"].endswith(f"index/unit/{name}")
@@ -181,7 +182,7 @@ def test_bad_unit_index_entry_counts_as_absent(base: dict[str, Any], fault: str)
     assert rescored == {metric}
     assert case["metrics"][metric]["why"] == "new"
     # the rescored unit replaced the bad entry
-    _typed(run_cli("verify", "--store", str(store)), 0)
+    _typed(run_inproc("verify", "--store", str(store)), 0)
 
 
 def test_deep_inference_index_entry_runs_the_agent_again(base: dict[str, Any]) -> None:
@@ -235,14 +236,14 @@ def test_import_with_one_bad_file_imports_nothing(base: dict[str, Any], fault: s
     bad = directory / "b_bad.evalset_result.json"
     bad.write_bytes(BAD_HISTORY[fault])
     store = base["root"] / f"imported-{fault.replace(' ', '-')}"
-    result = run_cli("import-adk-history", str(directory), "--store", str(store))
+    result = run_inproc("import-adk-history", str(directory), "--store", str(store))
     _typed(result)
     assert str(bad) in result.stderr and "nothing was imported" in result.stderr
-    listed = run_cli("ls", "--store", str(store), "--json")
+    listed = run_inproc("ls", "--store", str(store), "--json")
     _typed(listed, 0)
     assert listed.json["runs"] == []
     bad.unlink()  # the good files alone import
-    good = run_cli("import-adk-history", str(directory), "--store", str(store), "--json")
+    good = run_inproc("import-adk-history", str(directory), "--store", str(store), "--json")
     _typed(good, 0)
     assert len(good.json["imported"]) == 2
 
@@ -331,13 +332,13 @@ def read_only(base: dict[str, Any], request: pytest.FixtureRequest) -> Iterator[
 def test_reading_commands_work_without_write_access(read_only: dict[str, Any],
                                                     base: dict[str, Any]) -> None:
     url, env = read_only["url"], read_only["env"]
-    listed = run_cli("ls", "--store", url, "--json", env=env)
+    listed = run_inproc("ls", "--store", url, "--json", env=env)
     _typed(listed, 0)
     assert [r["run_id"] for r in listed.json["runs"]] == [read_only["run_id"]]
     for command in (["show", "latest", "--json"], ["explain", "latest"],
                     ["diff", "latest", read_only["run_id"]], ["verify"]):
-        _typed(run_cli(*command, "--store", url, env=env), 0)
-    replayed = run_cli("replay", "latest", "--store", url, "--json", env=env)
+        _typed(run_inproc(*command, "--store", url, env=env), 0)
+    replayed = run_inproc("replay", "latest", "--store", url, "--json", env=env)
     _typed(replayed, 0)
     # a command that writes says so, with the hint of this backend
     written = _run(base["agent"], url, env=env)
@@ -350,7 +351,7 @@ def test_reading_commands_work_without_write_access(read_only: dict[str, Any],
 def test_local_store_failure_hints_at_the_path_not_at_credentials(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    result = run_cli("ls", "--store", str(blocker / "store"))
+    result = run_inproc("ls", "--store", str(blocker / "store"))
     _typed(result)
     assert str(blocker / "store") in result.stderr and "path" in result.stderr
     assert "credentials" not in result.stderr and "endpoint" not in result.stderr
@@ -359,7 +360,7 @@ def test_local_store_failure_hints_at_the_path_not_at_credentials(tmp_path: Path
 @pytest.mark.parametrize("url", ["s3://evalsnap-nowhere/p", "gs://evalsnap-nowhere/p", "LOCAL"])
 def test_unknown_storage_option_is_exit_2_naming_it(url: str, tmp_path: Path) -> None:
     url = str(tmp_path / "store") if url == "LOCAL" else url
-    result = run_cli("ls", "--store", url, "--storage-option", "endpoint_ulr=http://x",
+    result = run_inproc("ls", "--store", url, "--storage-option", "endpoint_ulr=http://x",
                      env=_env(AWS_ENDPOINT_URL="http://127.0.0.1:9"), timeout=60)
     _typed(result)
     assert "endpoint_ulr" in result.stderr and "use_listings_cache" in result.stderr

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 from evalsnap.records import RunManifest, repo
-from tests.test_fail_on_baseline import _run, small  # noqa: F401 - the fixture
+from tests.test_fail_on_baseline import _run, cli, small  # noqa: F401 - the fixtures
 
-__all__ = ["small"]
+__all__ = ["cli", "small"]
 
 
 def test_subsets_are_marked_and_never_latest(cli, small, store_dir):  # noqa: F811

@@ -10,12 +10,15 @@ from pathlib import Path
 import pytest
 
 from tests._adk_parity import local_eval_service, scores
+from tests._cli import run_inproc
 from tests.conftest import run_cli
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory):
-    """One cold run and one --reuse run of the example, shared by the tests below."""
+    """One cold run and two --reuse runs of the example, shared by the tests below: the cold
+    run in a process of its own, as a user runs it (stdout holds one JSON object), the rest
+    in this process (:mod:`tests._cli`)."""
     base = tmp_path_factory.mktemp("demo")
     agent = base / "agents" / "shop_agent"
     shutil.copytree(Path(__file__).parent.parent / "examples" / "shop_agent", agent,
@@ -23,11 +26,11 @@ def demo(tmp_path_factory: pytest.TempPathFactory):
     store = base / "store"
     evalset = agent / "shop.evalset.json"
     cold = run_cli("run", str(agent), str(evalset), "--store", str(store), "--json")
-    warm = run_cli("run", str(agent), str(evalset), "--store", str(store), "--json", "--reuse")
+    warm = run_inproc("run", str(agent), str(evalset), "--store", str(store), "--json", "--reuse")
     # A second --reuse run hits Prefect's cached scoring results, some holding incomplete
     # units that must be scored again (regression: this once crashed).
-    warm2 = run_cli("run", str(agent), str(evalset), "--store", str(store), "--json", "--reuse")
-    shown = run_cli("show", cold.json["record_id"], "--store", str(store), "--json")
+    warm2 = run_inproc("run", str(agent), str(evalset), "--store", str(store), "--json", "--reuse")
+    shown = run_inproc("show", cold.json["record_id"], "--store", str(store), "--json")
     return {"agent": agent, "store": store, "evalset": evalset, "cold": cold, "warm": warm,
             "warm2": warm2, "shown": shown}
 
@@ -195,7 +198,7 @@ def test_any_agent_package_in_adk_shape(tmp_path: Path):
         {"eval_id": "two", "conversation": [turn("a", "echo: a"), turn("b", "echo: b")]}]}))
     (agent / "test_config.json").write_text(json.dumps({"criteria": {
         "response_match_score": 0.9, "tool_trajectory_avg_score": 1.0}}))
-    result = run_cli("run", str(agent), str(agent / "mini.evalset.json"), "--store",
+    result = run_inproc("run", str(agent), str(agent / "mini.evalset.json"), "--store",
                      str(tmp_path / "store"), "--json")
     assert result.code == 0, result.stderr[-3000:]
     out = result.json
@@ -224,7 +227,7 @@ def test_bad_input_exits_2_before_any_model_call(case: str, tmp_path: Path, shop
         args = ["--config", str(cfg)]
         expect = "no_such_metric"
     store = tmp_path / "store"
-    result = run_cli("run", str(agent), str(evalset), "--store", str(store), "--json", *args)
+    result = run_inproc("run", str(agent), str(evalset), "--store", str(store), "--json", *args)
     assert result.code == 2, (result.stdout, result.stderr[-2000:])
     assert expect in result.stderr
     assert result.stdout.strip() == ""
