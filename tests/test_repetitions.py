@@ -164,6 +164,10 @@ def test_gate_choices_reuse_every_unit(flaky):
                       "--store", str(flaky["store"]), "--json", "--repetitions", "5", "--reuse",
                       "--repetition-gate", "rate:0.6")
     assert only.code == 0 and only.json["passed"]
+    # the stored record says so too (history, diff and the run's events read it): a unit of
+    # "mostly" failed, yet the case × metric passed its gate
+    stored = run_inproc("show", only.json["run_id"], "--store", str(flaky["store"]), "--json")
+    assert stored.json["record"]["summary"]["passed"] is True
     rescored = run_inproc("rescore", first.json["run_id"], "--store", str(flaky["store"]),
                           "--reuse", "--repetition-gate", "every", "--json")
     assert rescored.json["scored_units"] == 0 and rescored.json["repetition_gate"] == "every"

@@ -283,6 +283,8 @@ def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
         skipped_cases=skipped_cases or [], uninferred_cases=uninferred_cases or [],
         summary=summary, created_at=now_iso(), coverage=coverage, baseline=baseline,
         packs=packs)
+    if complete and any(u.repetition for u in unit_refs):
+        record = _gated(store, record)
     if history_writer is not None:
         try:
             record = record.model_copy(update={"adk_history_path": history_writer(record)})
@@ -313,6 +315,18 @@ def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
     except Exception as exc:  # noqa: BLE001 - a view of the record must not lose the run
         logger.warning("could not write the HTML report of record %s: %s", record_oid, exc)
     return record_oid, record
+
+
+def _gated(store: Store, record: EvaluationRecord) -> EvaluationRecord:
+    """With repetitions, whether the run passed is its repetition gate's verdict per case ×
+    metric (default: AgentEvaluator's mean over the repetitions), not every unit's: the
+    stored flag is what ``history``, ``diff`` and the run events read."""
+    from evalsnap.reports.aggregates import aggregates, gate_passed
+
+    units = {ref.unit_oid: repo.get_unit_shared(store, ref.unit_oid) for ref in record.units}
+    passed = gate_passed(aggregates(record, units))
+    return record.model_copy(update={"summary": record.summary.model_copy(
+        update={"passed": passed})})
 
 
 def _own_packs(store: Store, units: list[UnitOutcome], run_id: str) -> list[str]:
