@@ -41,6 +41,10 @@ class Hints:
 
     units: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
     inferences: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    committed_inferences: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    """fingerprint → an inference the previous (committed) record names, proved intact in the
+    store, with the index entry that would name it: what the index is rebuilt from when its
+    entry names an object no committed run does (a killed run's, removed by gc)."""
     packs_of: dict[str, list[str]] = field(default_factory=dict)
     """oid → the packs (of the previous record) holding a copy of it."""
     primed: set[str] = field(default_factory=set)
@@ -138,9 +142,11 @@ def _prove_inferences(store: Store, record: EvaluationRecord, proved: set[str],
         entry = {"oid": ref.inference_oid, "run_id": inference.run_id}
         expected[repo.hexof(ref.inference_fingerprint)] = (
             ref.inference_fingerprint, ref.inference_oid, entry)
-    for name in _proved_entries(store, "index/inference", expected):
-        fp, oid, entry = expected[name]
-        hints.inferences[fp] = (oid, entry)
+    proved_names = _proved_entries(store, "index/inference", expected)
+    for name, (fp, oid, entry) in expected.items():
+        hints.committed_inferences[fp] = (oid, entry)
+        if name in proved_names:
+            hints.inferences[fp] = (oid, entry)
 
 
 def _proved_entries(store: Store, namespace: str,

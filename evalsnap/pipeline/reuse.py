@@ -57,10 +57,18 @@ def usable_inference(store: Store, oid: str, fingerprint: str) -> InferenceRecor
 def find_inference(store: Store, fingerprint: str) -> tuple[str, InferenceRecord] | None:
     """The indexed, verified, successful inference with this fingerprint, if any (the entry
     and the object proved in bulk by :func:`hints.prime` where it ran, else read now)."""
-    hint = hints.hints_of(store).inferences.get(fingerprint)
+    known = hints.hints_of(store)
+    hint = known.inferences.get(fingerprint)
     entry = hint[1] if hint is not None else repo.inference_index_entry(store, fingerprint)
     oid = entry.get("oid") if entry else None
     record = usable_inference(store, oid, fingerprint) if isinstance(oid, str) else None
+    if record is None and fingerprint in known.committed_inferences:
+        # the entry names nothing usable (a killed run's object, removed by gc) while the
+        # previous committed record has one: the index is rebuilt from what a manifest names
+        oid, entry = known.committed_inferences[fingerprint]
+        record = usable_inference(store, oid, fingerprint)
+        if record is not None:
+            repo.write_index_entry(store, "index/inference", repo.hexof(fingerprint), entry)
     return (oid, record) if record is not None else None  # type: ignore[return-value]
 
 

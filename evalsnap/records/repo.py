@@ -366,11 +366,11 @@ def write_manifest(store: Store, manifest: RunManifest) -> None:
     store.put_ref("runs", manifest.run_id, sealed.to_bytes(), commit=True)
 
 
-def read_manifest(store: Store, run_id: str) -> RunManifest:
-    """The manifest of ``run_id``, its checksum verified: ``NotFoundError`` if there is none,
-    ``CorruptRecordError`` / ``CorruptObjectError`` / ``UnsupportedSchemaVersion`` if it
-    cannot be used."""
-    data = store.get_ref("runs", ref_name(run_id))
+def read_manifest(store: Store, run_id: str, data: bytes | None = None) -> RunManifest:
+    """The manifest of ``run_id`` (``data``: its bytes, read already), its checksum verified:
+    ``NotFoundError`` if there is none, ``CorruptRecordError`` / ``CorruptObjectError`` /
+    ``UnsupportedSchemaVersion`` if it cannot be used."""
+    data = data if data is not None else store.get_ref("runs", ref_name(run_id))
     if data is None:
         raise NotFoundError(f"run {run_id!r} is not in store {store.url}; "
                             "list runs with `evalsnap ls`.")
@@ -382,29 +382,40 @@ def read_manifest(store: Store, run_id: str) -> RunManifest:
 
 
 def list_manifests(store: Store) -> list[RunManifest]:
-    """All readable manifests, newest first (unreadable ones are logged and skipped: they are
-    `verify`'s business)."""
+    """All readable manifests, newest first by when the store wrote them (unreadable ones are
+    logged and skipped: they are `verify`'s business)."""
     out = []
-    for name in store.list_refs("runs"):
+    for name in _newest_first(store):
         try:
             out.append(read_manifest(store, name))
         except UNREADABLE_MANIFEST as exc:
             logger.warning("skipping run %s: %s", name, exc)
-    return sorted(out, key=lambda m: m.created_at, reverse=True)
+    return out
 
 
-def _head(store: Store, name: str) -> tuple[str, str | None, bool]:
-    """A manifest's ``created_at``, eval set id and whether its record is full, read
-    without validating it (``""`` / None / True where it says nothing)."""
-    data = store.get_ref("runs", name)
+def _newest_first(store: Store) -> list[str]:
+    """Run names, newest first by the store's own clock (S3 ``LastModified``, GCS ``updated``,
+    file mtime): a manifest's ``created_at`` is what the file claims of itself, and one dated
+    2099 must not become ``latest`` (ties, within a listing's resolution: the run id, which
+    starts with its UTC start time)."""
+    return [name for name, _ in sorted(store.list_refs_dated("runs"),
+                                       key=lambda item: (item[1], item[0]), reverse=True)]
+
+
+def _head(store: Store, name: str) -> tuple[str | None, bool, bytes | None]:
+    """A manifest's eval set id and whether its record is full, read without validating it
+    (None / True where it says nothing), and its bytes."""
+    try:
+        data = store.get_ref("runs", name)
+    except UNREADABLE_MANIFEST:
+        return None, True, None  # read_manifest says why, if it comes to that
     try:
         raw = parse_stored(data, what=f"manifest runs/{name}") if data is not None else None
     except CorruptRecordError:
-        return "", None, True  # read_manifest says why, if it comes to that
+        return None, True, data
     raw = raw if isinstance(raw, dict) else {}
-    created, eval_set, full = raw.get("created_at"), raw.get("eval_set_id"), raw.get("full")
-    return (created if isinstance(created, str) else "",
-            eval_set if isinstance(eval_set, str) else None, full is not False)
+    eval_set, full = raw.get("eval_set_id"), raw.get("full")
+    return (eval_set if isinstance(eval_set, str) else None), full is not False, data
 
 
 def latest_manifest(store: Store, *, eval_set_id: str | None = None,
@@ -413,22 +424,26 @@ def latest_manifest(store: Store, *, eval_set_id: str | None = None,
     ``exclude_run``); with ``fallback``, the newest run at all when none is full (a warning
     says so). A baseline asks without ``fallback``: it must be a full run.
 
-    A manifest lists every object of its run (~240 KB at 300 cases), and validating one with
-    its checksum takes ~20 ms: ``latest`` over 111 such runs took 2.4 s, a year of nightly
-    runs would take ~8 s. Here each is only parsed for its ``created_at`` (0.2 s for the
-    111); the newest are then validated in order until one reads (unreadable ones are
-    logged and skipped, as by ``list_manifests``).
+    Newest by when the store wrote the manifest (:func:`_newest_first`), read lazily: runs
+    are looked at newest first until one is found (a manifest lists every object of its run,
+    ~240 KB at 300 cases; reading a year of nightly runs to find the newest would cost a
+    request and ~20 ms each).
     """
-    heads = [(*_head(store, name), name) for name in store.list_refs("runs")
-             if name != exclude_run]
-    dated = sorted(((created, full, name) for created, set_id, full, name in heads
-                    if eval_set_id is None or set_id in (None, eval_set_id)), reverse=True)
-    for _, full, name in dated:
-        found = _readable(store, name, eval_set_id) if full else None
+    partial: list[str] = []
+    for name in _newest_first(store):
+        if name == exclude_run:
+            continue
+        set_id, full, data = _head(store, name)
+        if eval_set_id is not None and set_id not in (None, eval_set_id):
+            continue
+        if not full:
+            partial.append(name)
+            continue
+        found = _readable(store, name, eval_set_id, data)
         if found is not None:
             return found
-    for _, full, name in dated if fallback else []:
-        found = None if full else _readable(store, name, eval_set_id)
+    for name in partial if fallback else []:
+        found = _readable(store, name, eval_set_id)
         if found is not None:
             logger.warning("no full run in store %s%s; `latest` is run %s, which covers only "
                            "part of its eval set or config", store.url,
@@ -437,9 +452,10 @@ def latest_manifest(store: Store, *, eval_set_id: str | None = None,
     return None
 
 
-def _readable(store: Store, name: str, eval_set_id: str | None) -> RunManifest | None:
+def _readable(store: Store, name: str, eval_set_id: str | None,
+              data: bytes | None = None) -> RunManifest | None:
     try:
-        manifest = read_manifest(store, name)
+        manifest = read_manifest(store, name, data)
     except UNREADABLE_MANIFEST as exc:
         logger.warning("skipping run %s: %s", name, exc)
         return None

@@ -145,6 +145,19 @@ def _oid_in(path: str) -> str | None:
     return None
 
 
+def _in_the_future(stamp: str, slack_s: float = 3600.0) -> bool:
+    """Whether an ISO 8601 time lies more than ``slack_s`` (clock skew) after now."""
+    from datetime import UTC, datetime
+
+    try:
+        when = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except (TypeError, ValueError):
+        return False
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return (when - datetime.now(UTC)).total_seconds() > slack_s
+
+
 def _manifest_url(store: Store, name: str) -> str:
     return f"{store.url.rstrip('/')}/v1/refs/runs/{name}"
 
@@ -190,6 +203,11 @@ def _check_manifest(store: Store, name: str, objects: _Objects, report: VerifyRe
     if manifest is None:
         report.findings.append(Finding("manifest", url, error or "unreadable", run_id=name))
         return
+    if _in_the_future(manifest.created_at):
+        report.findings.append(Finding(
+            "manifest", url, f"manifest says it was created at {manifest.created_at}, in the "
+            "future: evalsnap never writes that (a wrong clock, or a planted file); `latest` "
+            "and gc go by when the store wrote it, not by this date", run_id=name))
     listed = [(e.kind, e.oid, f"listed {e.kind} object") for e in manifest.objects]
     if ("record", manifest.record_oid) not in {(k, o) for k, o, _ in listed}:
         listed.append(("record", manifest.record_oid, "its record"))

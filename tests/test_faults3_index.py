@@ -1,0 +1,90 @@
+"""Issue 29 items 11 and 12, through the CLI on a local store.
+
+* 11: ``latest`` goes by when the store wrote a manifest, not by the date a manifest claims:
+  a planted manifest dated 2099 (checksum recomputed) is not ``latest``, and ``verify``
+  flags its date.
+* 12: an index entry that names an object no committed run names (a killed ``--force`` run's
+  inference, removed by gc) does not cost the agent calls a kept record could spare: the
+  index is rebuilt from the previous committed record, 0 agent calls.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evalsnap.records import RunManifest, repo
+from tests._cli import run_inproc
+from tests.conftest import SHOP
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("faults3-index")
+    agent = root / "shop_agent"
+    shutil.copytree(SHOP, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    store = root / "store"
+    cold = run_inproc("run", str(agent), str(agent / "shop.evalset.json"), "--store", str(store),
+                      "--json")
+    assert cold.code == 3, cold.stderr[-3000:]
+    return {"agent": agent, "store": store, "cold": cold.json}
+
+
+def test_a_manifest_dated_in_the_future_is_not_latest(world: dict[str, Any]) -> None:
+    store = world["store"]
+    run_id = world["cold"]["run_id"]
+    runs = store / "v1" / "refs" / "runs"
+    data = json.loads((runs / run_id).read_text("utf-8"))
+    planted_id = "29990101T000000Z-planted"
+    data.update(run_id=planted_id, created_at="2099-01-01T00:00:00Z", checksum="")
+    manifest = RunManifest.model_validate(data)
+    sealed = manifest.model_copy(update={"checksum": repo.manifest_checksum(manifest)})
+    planted = runs / planted_id
+    planted.write_bytes(sealed.to_bytes())
+    old = time.time() - 86400
+    os.utime(planted, (old, old))  # written before the real run, whatever it claims
+
+    shown = run_inproc("show", "latest", "--store", str(store), "--json")
+    assert shown.code == 0, shown.stderr[-2000:]
+    assert shown.json["record"]["run_id"] == run_id
+    verify = run_inproc("verify", "--store", str(store), "--json")
+    assert verify.code == 1
+    assert "in the future" in json.dumps(verify.json) and planted_id in json.dumps(verify.json)
+    planted.unlink()
+
+
+def test_an_index_entry_naming_a_lost_object_is_rebuilt_from_the_committed_record(
+        world: dict[str, Any]) -> None:
+    store = world["store"]
+    record = json.loads(_object(store, "record", world["cold"]["record_id"]))
+    index = store / "v1" / "refs" / "index" / "inference"
+
+    def entry_of(ref: dict[str, Any]) -> Path:
+        return index / ref["inference_fingerprint"].split(":")[1]
+
+    # a case whose entry names its own inference (cases with the same inputs share an entry)
+    ref = next(i for i in record["inference"]
+               if json.loads(entry_of(i).read_text())["oid"] == i["inference_oid"])
+    entry = entry_of(ref)
+    # what a killed `--force` run leaves once gc removed its orphan inference: the index entry
+    # and Prefect's cached results (refreshed by --force) named it, gc removed those results
+    entry.write_text(json.dumps({"oid": "sha256:" + "e" * 64, "run_id": "killed-force-run"}))
+    shutil.rmtree(store / "v1" / "prefect")
+
+    again = run_inproc("run", str(world["agent"]), str(world["agent"] / "shop.evalset.json"),
+                       "--store", str(store), "--json", "--reuse")
+    out = again.json
+    assert out["agent_calls"] == 0, out["agent_calls"]
+    assert {c["eval_id"]: c["inference_reused"] for c in out["cases"]}[ref["eval_id"]]
+    assert json.loads(entry.read_text())["oid"] == ref["inference_oid"]  # repaired
+
+
+def _object(store: Path, kind: str, oid: str) -> str:
+    hexd = oid.split(":")[1]
+    return (store / "v1" / "objects" / kind / hexd[:2] / hexd[2:]).read_text("utf-8")
