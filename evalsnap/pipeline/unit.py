@@ -153,7 +153,9 @@ async def score_unit(
     except DeadlineExceeded as exc:
         return _judge_trace(not_evaluated(rule, frozen, run_id, str(exc), len(actual)),
                             rule, recorder), recorder
-    except USER_CODE_ERRORS as exc:
+    except asyncio.CancelledError:
+        raise  # cancelling the run cancels the unit
+    except BaseException as exc:  # noqa: BLE001 - user code; see USER_CODE_ERRORS
         return _judge_trace(not_evaluated(
             rule, frozen, run_id, f"metric raised {type(exc).__name__}: {exc}", len(actual)),
             rule, recorder), recorder
@@ -166,12 +168,13 @@ async def score_unit(
     return _judge_trace(unit, rule, recorder), recorder
 
 
-#: What user code (a metric, a judge model) may raise, and that ends only its unit. Beyond
-#: ``Exception``: ``SystemExit``, ``KeyboardInterrupt`` or ``GeneratorExit`` raised *by the
-#: metric*. In the CLI's process scoring runs on task-runner threads, where a real Ctrl-C
-#: never lands (it interrupts the main thread, which ends the run).
-#: ``asyncio.CancelledError`` is not caught: cancelling the run must cancel the unit.
-USER_CODE_ERRORS = (Exception, SystemExit, KeyboardInterrupt, GeneratorExit)
+#: What user code (a metric, a judge model) may raise, and that ends only its unit: any
+#: ``BaseException`` — ``SystemExit``, ``KeyboardInterrupt``, ``GeneratorExit`` and a
+#: metric's own ``BaseException`` subclasses (issue 29 item 4) — raised *by the metric*. In
+#: the CLI's process scoring runs on task-runner threads, where a real Ctrl-C never lands (it
+#: interrupts the main thread, which ends the run). ``asyncio.CancelledError`` is not
+#: caught: cancelling the run must cancel the unit.
+USER_CODE_ERRORS = (BaseException,)
 
 
 def _calls(recorder: JudgeRecorder | None) -> int:
