@@ -32,6 +32,7 @@ from evalsnap.errors import EvalsnapError
 from evalsnap.pipeline import reuse
 from evalsnap.records import repo
 from evalsnap.records.task_results import SERIALIZER_TYPE, loads_plain, plain, record_value
+from storage import TooLarge
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +85,11 @@ class StoreResults(WritableFileSystem):
     # Sync on purpose: Prefect calls block methods sync (``_sync=True``) or awaits what they
     # return only if it is awaitable (prefect._internal.compatibility.blocks).
     def read_path(self, path: str, **_: Any) -> bytes:  # type: ignore[override]
-        data = repo.open_store(self.store_url).get_task_result(path)
+        try:
+            data = repo.open_store(self.store_url).get_task_result(path)
+        except TooLarge as exc:  # planted or damaged: counts as absent, the task runs
+            logger.warning("refusing cached result %s: %s", path, exc)
+            data = None
         if data is None or not self._usable(path, data):
             raise FileNotFoundError(path)  # Prefect: no cached result, the task runs
         return data

@@ -131,6 +131,9 @@ def _forget_process_memos() -> None:
     commits._published.clear()
     limits._known.clear()
     StoreResults._verdicts.clear()
+    from evalsnap.adk import identity
+
+    identity.forget_declared()  # a config's evalsnapIdentity declarations are per process
     from evalsnap.cli import signals
 
     state = getattr(signals, "_State", None)  # what a signal does after a printed result

@@ -88,3 +88,45 @@ def test_an_index_entry_naming_a_lost_object_is_rebuilt_from_the_committed_recor
 def _object(store: Path, kind: str, oid: str) -> str:
     hexd = oid.split(":")[1]
     return (store / "v1" / "objects" / kind / hexd[:2] / hexd[2:]).read_text("utf-8")
+
+
+def test_a_planted_huge_manifest_or_object_is_never_read_whole(world: dict[str, Any]) -> None:
+    """Issue 29 item 5: every stored read has a cap, checked before parsing (on local disk by
+    the file's size: nothing is read). Sparse files: gigabytes that cost no disk."""
+    from storage.store import MAX_OBJECT_BYTES, MAX_REF_BYTES
+
+    store = world["store"]
+    runs = store / "v1" / "refs" / "runs"
+    huge = runs / "20000101T000000Z-huge"
+    with open(huge, "wb") as handle:
+        handle.truncate(MAX_REF_BYTES + 1)
+    listed = run_inproc("ls", "--store", str(store))
+    assert listed.code == 0 and world["cold"]["run_id"] in listed.stdout
+    assert "huge" in listed.stderr and "MiB" in listed.stderr, listed.stderr[-2000:]
+    shown = run_inproc("show", "20000101T000000Z-huge", "--store", str(store))
+    assert shown.code == 2 and "longer than" in shown.stderr, shown.stderr[-2000:]
+    cached = sorted((store / "v1" / "prefect").iterdir())[0]
+    kept = cached.read_bytes()
+    with open(cached, "r+b") as handle:  # a Prefect cached result, too
+        handle.truncate(MAX_REF_BYTES + 1)
+    verify = run_inproc("verify", "--store", str(store), "--json")
+    assert verify.code == 1, verify.stderr[-2000:]
+    found = json.dumps(verify.json)
+    assert "20000101T000000Z-huge" in found and cached.name in found
+    huge.unlink()
+    cached.write_bytes(kept)
+
+    record = Path(_path(store, "record", world["cold"]["record_id"]))
+    good = record.read_bytes()
+    with open(record, "r+b") as handle:
+        handle.truncate(MAX_OBJECT_BYTES + 1)
+    try:
+        shown = run_inproc("show", world["cold"]["record_id"], "--store", str(store))
+        assert shown.code == 2 and "longer than" in shown.stderr, shown.stderr[-2000:]
+    finally:
+        record.write_bytes(good)
+
+
+def _path(store: Path, kind: str, oid: str) -> str:
+    hexd = oid.split(":")[1]
+    return str(store / "v1" / "objects" / kind / hexd[:2] / hexd[2:])

@@ -46,7 +46,7 @@ from evalsnap.records import (
     StoredModel,
 )
 from evalsnap.records._base import first_problem, parse_stored
-from storage import CorruptObjectError, ObjectNotFound, Store
+from storage import CorruptObjectError, ObjectNotFound, Store, TooLarge
 from storage.ids import OID_PATTERN
 
 logger = logging.getLogger(__name__)
@@ -271,12 +271,12 @@ def parse_index_entry(namespace: str, data: bytes, *, where: str) -> dict[str, A
 def read_index_entry(store: Store, namespace: str, name: str) -> dict[str, Any] | None:
     """The entry ``name`` of index ``namespace``, or None if there is none or it is unusable
     (logged): an index is a hint, and a bad hint is no hint."""
-    data = store.get_ref(namespace, name)
-    if data is None:
-        return None
     try:
+        data = store.get_ref(namespace, name)
+        if data is None:
+            return None
         return parse_index_entry(namespace, data, where=f"{namespace}/{name}")
-    except CorruptRecordError as exc:
+    except (CorruptRecordError, TooLarge) as exc:
         logger.warning("%s", exc)
         return None
 

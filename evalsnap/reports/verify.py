@@ -39,7 +39,7 @@ from evalsnap.records import (
     repo,
 )
 from evalsnap.records.task_results import record_value
-from storage import OBJECT_KINDS, Store
+from storage import OBJECT_KINDS, Store, TooLarge
 
 __all__ = ["Finding", "VerifyReport", "verify_store"]
 
@@ -163,7 +163,10 @@ def _manifest_url(store: Store, name: str) -> str:
 
 
 def _read_manifest(store: Store, name: str) -> tuple[RunManifest | None, str | None]:
-    data = store.get_ref("runs", name)
+    try:
+        data = store.get_ref("runs", name)
+    except TooLarge as exc:
+        return None, str(exc)
     if data is None:
         return None, "disappeared while verifying; run verify again"
     try:
@@ -252,12 +255,12 @@ def _check_indexes(store: Store, report: VerifyReport) -> None:
     for namespace in repo.INDEXES:
         for name in store.list_refs(namespace):
             report.index_entries += 1
-            data = store.get_ref(namespace, name)
-            if data is None:
-                continue  # replaced or removed since the listing: nothing to check
             try:
+                data = store.get_ref(namespace, name)
+                if data is None:
+                    continue  # replaced or removed since the listing: nothing to check
                 repo.parse_index_entry(namespace, data, where=f"{namespace}/{name}")
-            except CorruptRecordError as exc:
+            except (CorruptRecordError, TooLarge) as exc:
                 url = f"{store.url.rstrip('/')}/v1/refs/{namespace}/{name}"
                 report.findings.append(Finding("index", url, str(exc)))
 
@@ -265,12 +268,12 @@ def _check_indexes(store: Store, report: VerifyReport) -> None:
 def _check_task_results(store: Store, report: VerifyReport) -> None:
     for name in store.list_task_results():
         report.task_results += 1
-        data = store.get_task_result(name)
-        if data is None:
-            continue  # replaced or removed since the listing
         try:
+            data = store.get_task_result(name)
+            if data is None:
+                continue  # replaced or removed since the listing
             record_value(data)
-        except (ValueError, RecursionError) as exc:
+        except (ValueError, RecursionError, TooLarge) as exc:
             url = f"{store.url.rstrip('/')}/v1/prefect/{name}"
             report.findings.append(Finding(
                 "task_result", url, f"cached Prefect task result is unusable ({exc}); runs ignore "
