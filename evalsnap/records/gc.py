@@ -142,10 +142,15 @@ class GcReport:
 
 
 def _age_days(manifest: RunManifest, f: StoredFile, now: float) -> float:
+    """A run's age by when the store wrote its manifest (what a manifest claims of itself
+    can be planted: issue 29 item 11); by its ``created_at`` only where the store says
+    nothing."""
+    if f.modified is not None:
+        return (now - f.modified) / _DAY
     try:
         created = dt.datetime.fromisoformat(manifest.created_at.replace("Z", "+00:00")).timestamp()
     except ValueError:
-        created = f.modified if f.modified is not None else now
+        created = now
     return (now - created) / _DAY
 
 
@@ -158,7 +163,9 @@ def _retain(manifests: dict[str, RunManifest], listing: Listing, pointed: set[st
         by_set[m.eval_set_id].append((name, m))
     why: dict[str, str | None] = {}
     for runs in by_set.values():
-        runs.sort(key=lambda r: (r[1].created_at, r[0]), reverse=True)
+        # newest by the store's own clock, as `latest` (repo._newest_first), never by the
+        # date a manifest claims
+        runs.sort(key=lambda r: (listing.runs[r[0]].modified or 0.0, r[0]), reverse=True)
         # RunManifest.full (coverage) may be absent: such runs read as full
         newest_full = next((n for n, m in runs if getattr(m, "full", None) is not False), None)
         for i, (name, m) in enumerate(runs):
