@@ -79,10 +79,17 @@ def _user_modules() -> dict[str, Any]:
 
 
 @contextmanager
-def _fresh_user_code() -> Iterator[None]:
+def fresh_user_code() -> Iterator[None]:
+    from google.adk.evaluation.metric_evaluator_registry import DEFAULT_METRIC_EVALUATOR_REGISTRY as metrics
     from google.adk.models import registry
 
+    from evalsnap.adk import plugins
+
     saved_modules = _user_modules()
+    # a plugin named in a config registers its metrics in ADK's process-wide registry on
+    # import (a seed's class may replace evalsnap's built-in of the same name): per call here
+    saved_metrics = (dict(metrics._registry), dict(metrics._custom_function_paths))
+    saved_plugins = (set(plugins._loaded), plugins._scanned)
     for name in saved_modules:
         del sys.modules[name]
     saved_path = list(sys.path)
@@ -97,6 +104,13 @@ def _fresh_user_code() -> Iterator[None]:
         registry._llm_registry_dict.clear()
         registry._llm_registry_dict.update(saved_llms)
         registry.LLMRegistry.resolve.cache_clear()
+        metrics._registry.clear()
+        metrics._registry.update(saved_metrics[0])
+        metrics._custom_function_paths.clear()
+        metrics._custom_function_paths.update(saved_metrics[1])
+        plugins._loaded.clear()
+        plugins._loaded.update(saved_plugins[0])
+        plugins._scanned = saved_plugins[1]
 
 
 @contextmanager
@@ -219,7 +233,7 @@ def run_inproc(*args: str, env: dict[str, str] | None = None, cwd: Path | None =
     from evalsnap import errors, settings
 
     runner = CliRunner()
-    with _environment(env, cwd), _fresh_user_code(), _console_width():
+    with _environment(env, cwd), fresh_user_code(), _console_width():
         _forget_process_memos()
         with runner.isolation() as (out, err, _):
             with _prefect_logs_to(sys.stderr):

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests._adk_parity import local_eval_service, scores
-from tests._cli import run_inproc
+from tests._cli import fresh_user_code, run_inproc
 from tests.conftest import run_cli
 
 GATEWAY = Path(__file__).parent / "fixtures" / "adk_projects" / "gateway_agent"
@@ -73,15 +73,20 @@ def test_scores_equal_adks_local_eval_service_on_the_same_inference(project):
 
     shown = run_inproc("show", project["cold"].json["record_id"], "--store",
                     str(project["store"]), "--json").json
-    sys.path.insert(0, str(project["agent"].parent))
-    importlib.import_module("gateway_agent")  # as `adk eval` does: the agent first
-    config = EvalConfig.model_validate_json((project["agent"] / "test_config.json").read_text())
-    metrics = [m for m in get_eval_metrics_from_config(config) if m.metric_name in config.criteria]
-    eval_set = EvalSet.model_validate_json(
-        (project["agent"] / "gateway.evalset.json").read_text())
-    adk = scores(local_eval_service(
-        "gateway_agent", eval_set, shown["cases"], metrics,
-        register_custom_metrics_from_config(config, DEFAULT_METRIC_EVALUATOR_REGISTRY.fork())))
+    # the agent's models registered here must not outlive this test (the rescore test below
+    # checks that a rescore without --agent has no judge)
+    with fresh_user_code():
+        sys.path.insert(0, str(project["agent"].parent))
+        importlib.import_module("gateway_agent")  # as `adk eval` does: the agent first
+        config = EvalConfig.model_validate_json(
+            (project["agent"] / "test_config.json").read_text())
+        metrics = [m for m in get_eval_metrics_from_config(config)
+                   if m.metric_name in config.criteria]
+        eval_set = EvalSet.model_validate_json(
+            (project["agent"] / "gateway.evalset.json").read_text())
+        adk = scores(local_eval_service(
+            "gateway_agent", eval_set, shown["cases"], metrics,
+            register_custom_metrics_from_config(config, DEFAULT_METRIC_EVALUATOR_REGISTRY.fork())))
     ours = {(c["eval_id"], name): (m["score"], m["metric_status"])
             for c in shown["cases"] for name, m in c["metrics"].items()}
     assert len(adk) == 9 and ours == adk
@@ -105,8 +110,8 @@ def test_rescore_imports_the_agent_package_named_by_agent(project, tmp_path: Pat
     edited.write_text(json.dumps(config))
     args = ("rescore", project["cold"].json["run_id"], "--config", str(edited), "--store",
             str(project["store"]), "--reuse", "--json")
-    without = run_inproc(*args)
-    assert without.code == 2
+    without = run_cli(*args)  # a process of its own: no earlier test's models registered
+    assert without.code == 2, (without.stdout[-2000:], without.stderr[-3000:])
     assert "my-judge/v1" in without.stderr and "--agent" in without.stderr
     rescored = run_inproc(*args, "--agent", str(project["agent"]))
     assert rescored.code == 1, rescored.stderr[-3000:]
@@ -183,8 +188,8 @@ def test_pytest_helper_mirrors_agent_evaluator(project, tmp_path: Path,
     with pytest.raises(AssertionError) as failed:
         assert_agent_passes(project["agent"], str(evalset), store=str(tmp_path / "p"))
     message = str(failed.value)
-    assert "gateway/greets · final_response_match_v2: FAILED (score 0.000, threshold 0.5)" \
-        in message
+    assert ("gateway/greets · final_response_match_v2: FAILED (mean score 0.000, threshold 0.5; "
+            "0/1 repetitions passed)") in message
     assert "gateway/adds" not in message
 
 

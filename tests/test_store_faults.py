@@ -185,16 +185,21 @@ def test_bad_unit_index_entry_counts_as_absent(base: dict[str, Any], fault: str)
     _typed(run_inproc("verify", "--store", str(store)), 0)
 
 
-def test_deep_inference_index_entry_runs_the_agent_again(base: dict[str, Any]) -> None:
+def test_deep_inference_index_entry_is_rebuilt_from_the_committed_record(
+        base: dict[str, Any]) -> None:
+    """A damaged entry counts as absent; the previous committed record names the inference,
+    which hash-verifies, so it is reused and the entry rewritten (issue 29 item 12)."""
     store = _copy(base, "inference-index")
     [entry] = list(_refs(store, "index/inference").iterdir())
     entry.write_bytes(DEEP)
     shutil.rmtree(store / "v1" / "prefect")  # no task cache hit: the index is asked
     warm = _run(base["agent"], str(store), "--reuse")
     _typed(warm, 0)
-    assert warm.json["agent_calls"] > 0
+    assert warm.json["agent_calls"] == 0
     [case] = warm.json["cases"]
-    assert case["inference"] == "success" and not case["inference_reused"]
+    assert case["inference"] == "success" and case["inference_reused"]
+    assert entry.read_bytes() != DEEP  # repaired
+    _typed(run_inproc("verify", "--store", str(store)), 0)
 
 
 def test_deep_judge_index_entries_ask_the_judge_again(base: dict[str, Any]) -> None:
