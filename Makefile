@@ -20,9 +20,10 @@ demo: $(STAMP)
 
 ## The test suite (starts one prefect server for every pytest-xdist worker, and moto and
 ## fake-gcs-server on 127.0.0.1; one worker per core, at most 4). --dist loadfile keeps each
-## module on one worker, so a module's fixtures (its demo runs) are made once, not per worker.
+## module on one worker, so a module's fixtures (its demo runs) are made once, not per worker;
+## --no-loadscope-reorder hands modules out longest first (tests/conftest.py LONGEST_FIRST).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --maxprocesses=4 --dist loadfile
+	$(BIN)/python -m pytest -q -n auto --maxprocesses=4 --dist loadfile --no-loadscope-reorder
 
 bench: $(STAMP)
 	$(BIN)/python -m bench --suite

@@ -112,11 +112,31 @@ SLOW_MODULES = frozenset({
     "test_signals"})
 
 
+#: The modules that take longest (measured on a full run), longest first: under
+#: ``--dist loadfile`` xdist hands modules out in collection order, so these start first and
+#: the run does not end with one worker busy on a long module while the other idles.
+LONGEST_FIRST = (
+    "test_gc", "test_faults3_gc", "test_prefect_deployments", "test_agent_identity",
+    "test_bench", "test_remote_stores", "test_adk_project_conventions", "test_store_requests",
+    "test_reuse", "test_signals", "test_hostile_code", "test_agent_identity_hostile",
+    "test_store_faults", "test_dask", "test_cli_process", "test_kill_resume", "test_deadlines",
+    "test_fail_on_baseline", "test_signals_after_result", "test_scoring_pool", "test_retries",
+    "test_repetitions", "test_faults3", "test_efficiency_tokens", "test_reports",
+    "test_explain_diff")
+
+
+def _module_name(item: pytest.Item) -> str:
+    module = getattr(item, "module", None)
+    return module.__name__.rsplit(".", 1)[-1] if module is not None else ""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        module = getattr(item, "module", None)
-        if module is not None and module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES:
+        if _module_name(item) in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_module_name(item), len(rank)))  # stable: a
+    # module's own tests keep their order
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,

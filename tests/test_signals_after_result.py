@@ -34,7 +34,9 @@ def test_a_signal_after_the_json_was_printed_exits_with_the_printed_code(shop_co
         init.write(SLOW_EXIT)
     mark = tmp_path / "exiting"
     proc = _start(["run", str(shop_copy), str(shop_copy / "shop.evalset.json"),
-                   "--store", str(tmp_path / "s"), "--json"], {"EXIT_MARK": str(mark)})
+                   "--store", str(tmp_path / "s"), "--json",
+                   "--case", "out_of_scope_flight"],  # one case, incomplete: exit 3
+                  {"EXIT_MARK": str(mark)})
     assert proc.stdout is not None
     line = proc.stdout.readline()  # the one JSON object, printed before the exit handlers
     printed = json.loads(line)
