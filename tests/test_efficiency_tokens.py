@@ -8,7 +8,6 @@ against the usage the offline models report, and the cost against tokens x price
 from __future__ import annotations
 
 import json
-import shutil
 from typing import Any
 
 import pytest
@@ -27,26 +26,27 @@ ZERO = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0, "cached_tokens
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A cold run without a price table, a --reuse rerun with one, a cold run with one, and
-    a run with a malformed table."""
+def runs(tmp_path_factory: pytest.TempPathFactory, golden_demo: Any) -> dict[str, Any]:
+    """A cold run without a price table (the session's cold run of the demo, copied:
+    tests._golden), a --reuse rerun with one, a cold run with one, and a run with a
+    malformed table."""
     base = tmp_path_factory.mktemp("efficiency")
-    agent = base / "agents" / "shop_agent"
-    shutil.copytree(SHOP, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    agent, plain_store, cold = golden_demo.copy(base)
     evalset = agent / "shop.evalset.json"
     config = json.loads((agent / "test_config.json").read_text())
-    priced = agent / "priced_config.json"
+    # the configs live beside the agent's directory, not in it: the cold run saw none of them
+    priced = base / "priced_config.json"
     priced.write_text(json.dumps({**config, "evalsnapPrices": PRICES}))
-    bad = agent / "bad_prices_config.json"
+    bad = base / "bad_prices_config.json"
     bad.write_text(json.dumps({**config, "evalsnapPrices": {
         AGENT_MODEL: {"inputPerMillion": 0.3, "outputPerMillion": "2.5"}}}))
-    plain_store, priced_store = base / "plain", base / "priced"
+    priced_store = base / "priced"
 
     def run(*extra: str) -> CliResult:
         return run_inproc("run", str(agent), str(evalset), "--json", *extra)
 
     # one after the other, in this process (tests._cli): no start-up to overlap
-    results = {"cold": run("--store", str(plain_store)),
+    results = {"cold": cold,
                "priced_cold": run("--store", str(priced_store), "--config", str(priced)),
                "malformed": run("--store", str(base / "bad"), "--config", str(bad))}
     results["priced_reuse"] = run("--store", str(plain_store), "--config", str(priced),

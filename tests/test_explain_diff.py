@@ -1,6 +1,6 @@
 """``explain``, ``diff`` and ``ls`` over records made by the real CLI.
 
-Record A (``run``) scores everything. Record B (``run --reuse``) changes one thing per input:
+Record A (``run``) scores everything (five of the demo's cases). Record B (``run --reuse``) changes one thing per input:
 the reference of ``weather_unknown_city``, the agent output of ``weather_two_cities``, the threshold
 of ``response_match_score`` and the version of the custom metric. Record C (``rescore B
 --reuse --force``) scores B's inputs again. Every command runs through the real CLI in the
@@ -35,6 +35,12 @@ CHANGED_REFERENCE = "weather_unknown_city"
 one inference fingerprint, and a --reuse run may take the other case's copy of the same answer
 (another object, whose volatile fields differ; `diff` then lists "inference" as moved too)."""
 HOOK = "EVALSNAP_TEST_WEATHER_OVERRIDE"
+#: The cases A, B and C run (``--case``; how many is not the point): the two changed ones, one
+#: that only the rule changes move, one whose response_match_score passes at 0.5 and fails at
+#: 0.99 (a status flip), and the demo's case with an incomplete unit (scored again by B).
+CASES = [CHANGED_INFERENCE, CHANGED_REFERENCE, "cart_add_two_items", "cart_show_prefilled",
+         "out_of_scope_flight"]
+CASE_ARGS = [a for c in CASES for a in ("--case", c)]
 WIDE = {"COLUMNS": "250"}  # tables for people: wide enough that no cell wraps
 
 
@@ -77,7 +83,9 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     config = json.loads((agent / "test_config.json").read_text("utf-8"))
     eval_set = json.loads(evalset.read_text("utf-8"))
 
-    a = Rec(url, _json(run_inproc("run", str(agent), str(evalset), "--store", url, "--json"), "A"))
+    a = Rec(url, _json(run_inproc("run", str(agent), str(evalset), "--store", url, "--json",
+                                  *CASE_ARGS), "A"))
+    assert {i.eval_id for i in a.record.inference} == set(CASES)
 
     # X: the agent answers differently for one case (same inference fingerprint)
     refresh = {"eval_set_id": "shop_refresh",
@@ -106,7 +114,7 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     (agent / "edited.evalset.json").write_text(json.dumps(edited), "utf-8")
     b = Rec(url, _json(run_inproc("run", str(agent), str(agent / "edited.evalset.json"),
                                "--config", str(root / "edited_config.json"), "--store", url,
-                               "--reuse", "--json"), "B"))
+                               "--reuse", "--json", *CASE_ARGS), "B"))
     assert b.json["agent_calls"] == 0, "expected B to reuse every inference"
     changed = next(i for i in b.record.inference if i.eval_id == CHANGED_INFERENCE)
     assert changed.inference_oid == next(i.inference_oid for i in x.record.inference), \

@@ -122,12 +122,10 @@ class Prepared:
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory: pytest.TempPathFactory) -> Prepared:
-    root = tmp_path_factory.mktemp("prepared")
-    agent = root / "agents" / "shop_agent"
-    shutil.copytree(SHOP, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
-    store = root / "store"
-    base = cli_run(str(store), agent, agent / "shop.evalset.json")
+def prepared(tmp_path_factory: pytest.TempPathFactory, golden_demo: Any) -> Prepared:
+    """The session's cold run of the demo (``evalsnap run``, no reuse: tests._golden)."""
+    _, store, cold = golden_demo.copy(tmp_path_factory.mktemp("prepared"))
+    base = _publish_result(str(store), cold, "the baseline run")
     assert base.json["agent_calls"] > 0 and base.json["reused_units"] == 0, \
         "expected the baseline run to run the agent and score everything"
     return Prepared(store, base.json["run_id"], base.record_oid)
@@ -503,12 +501,16 @@ def metric(metric, actual, expected, scenario):
 """
 
 
-def test_restoring_a_record_never_imports_code_named_in_it(world: World) -> None:
+def test_restoring_a_record_never_imports_code_named_in_it(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     pkg = world.tmp / "code"
     pkg.mkdir()
     marker = world.tmp / "IMPORTED"
     (pkg / "evalsnap_booby_trap.py").write_text(_TRAP.format(marker=str(marker)), "utf-8")
-    env = {"PYTHONPATH": str(pkg)}  # an import *would* succeed in every process below
+    # an import *would* succeed in every call below: the trap's directory is on sys.path
+    # (the in-process CLI forgets user modules per call, so each call would import it afresh)
+    monkeypatch.syspath_prepend(str(pkg))
+    env: dict[str, str] = {}
     # a run whose live config names the trap (so the record and snapshot name its code)
     trap_config = {"criteria": {"response_match_score": 0.5, "booby_trap": 0.5},
                    "customMetrics": {"booby_trap": {
