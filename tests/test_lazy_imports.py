@@ -6,8 +6,12 @@ never of ``import evalsnap``: each probe installs it as ``main`` does
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from tests.conftest import ROOT
 
@@ -31,15 +35,8 @@ print("pandas", pd.DataFrame({"a": [1, 2]})["a"].sum(), type(sys.modules["pandas
 """
 
 
-def _probe(env: dict[str, str] | None = None) -> str:
-    proc = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
-
-
-def test_heavy_modules_load_only_when_used_and_then_work():
-    out = _probe()
+def test_heavy_modules_load_only_when_used_and_then_work(probes):
+    out = probes("heavy")
     assert "deferred ['agentplatform', 'rouge_score.rouge_scorer', 'vertexai'] aiplatform False" \
         in out
     assert "rouge 0.5" in out and "tokenizer DefaultTokenizer" in out
@@ -47,10 +44,8 @@ def test_heavy_modules_load_only_when_used_and_then_work():
     assert "pandas deferred DeferredModule" in out and "pandas 3 module" in out
 
 
-def test_can_be_switched_off():
-    import os
-
-    out = _probe({**os.environ, "EVALSNAP_LAZY_IMPORTS": "0"})
+def test_can_be_switched_off(probes):
+    out = probes("off")
     assert "deferred [] aiplatform True" in out
 
 
@@ -72,13 +67,11 @@ print("loaded", type(module).__name__, not thread.is_alive())
 """
 
 
-def test_preload_loads_what_a_metric_needs_in_the_background():
-    proc = subprocess.run([sys.executable, "-c", PRELOAD], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "none for others True" in proc.stdout
-    assert "rouge 0.5" in proc.stdout
-    assert "loaded module True" in proc.stdout
+def test_preload_loads_what_a_metric_needs_in_the_background(probes):
+    out = probes("preload")
+    assert "none for others True" in out
+    assert "rouge 0.5" in out
+    assert "loaded module True" in out
 
 
 MISSING = """
@@ -94,16 +87,14 @@ print("again", startup.remember_missing(("json",)))
 """
 
 
-def test_a_missing_optional_import_fails_fast_and_the_same_way():
-    proc = subprocess.run([sys.executable, "-c", MISSING], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    if "a2a installed True" in proc.stdout:  # then nothing is missing and nothing marked
-        assert "marked []" in proc.stdout
+def test_a_missing_optional_import_fails_fast_and_the_same_way(probes):
+    out = probes("missing")
+    if "a2a installed True" in out:  # then nothing is missing and nothing marked
+        assert "marked []" in out
         return
-    assert "marked ['google.adk.agents.remote_a2a_agent']" in proc.stdout
-    assert "still ImportError ModuleNotFoundError" in proc.stdout
-    assert "again []" in proc.stdout  # an importable module is left alone
+    assert "marked ['google.adk.agents.remote_a2a_agent']" in out
+    assert "still ImportError ModuleNotFoundError" in out
+    assert "again []" in out  # an importable module is left alone
 
 
 BROKEN = """
@@ -120,12 +111,49 @@ for attempt in (1, 2):  # e.g. a failed background preload, then the metric's ow
 """
 
 
-def test_a_deferred_module_that_fails_to_load_raises_its_real_error_every_time(tmp_path):
-    (tmp_path / "evalsnap_broken_dep.py").write_text(
+def test_a_deferred_module_that_fails_to_load_raises_its_real_error_every_time(probes):
+    out = probes("broken")
+    assert "registered ['evalsnap_broken_dep']" in out
+    assert "attempt 1 ImportError needs libfoo; install it" in out
+    assert "attempt 2 ImportError needs libfoo; install it" in out
+
+
+@pytest.fixture(scope="module")
+def probes(tmp_path_factory: pytest.TempPathFactory):
+    """Every probe above, each in a fresh interpreter of its own, all started at once (they
+    share nothing; mostly their imports, in parallel); ``probes(name)`` is one's stdout,
+    after checking that it exited 0."""
+    base = tmp_path_factory.mktemp("lazy-probes")
+    broken = base / "broken"
+    broken.mkdir()
+    (broken / "evalsnap_broken_dep.py").write_text(
         "raise ImportError('needs libfoo; install it')\n")
-    proc = subprocess.run([sys.executable, "-c", BROKEN, str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "registered ['evalsnap_broken_dep']" in proc.stdout
-    assert "attempt 1 ImportError needs libfoo; install it" in proc.stdout
-    assert "attempt 2 ImportError needs libfoo; install it" in proc.stdout
+    specs: dict[str, tuple[list[str], dict[str, str] | None]] = {
+        "heavy": ([PROBE], None),
+        "off": ([PROBE], {**os.environ, "EVALSNAP_LAZY_IMPORTS": "0"}),
+        "preload": ([PRELOAD], None),
+        "missing": ([MISSING], None),
+        "broken": ([BROKEN, str(broken)], None),
+    }
+    started = {}
+    for name, (args, env) in specs.items():
+        out, err = open(base / f"{name}.out", "w"), open(base / f"{name}.err", "w")
+        started[name] = (subprocess.Popen([sys.executable, "-c", *args], cwd=ROOT, env=env,
+                                          stdout=out, stderr=err, text=True), out, err)
+    codes = {}
+    try:
+        for name, (proc, _out, _err) in started.items():
+            codes[name] = proc.wait(timeout=300)
+    finally:
+        for proc, out, err in started.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            out.close()
+            err.close()
+
+    def result(name: str) -> str:
+        assert codes[name] == 0, Path(base / f"{name}.err").read_text()[-3000:]
+        return Path(base / f"{name}.out").read_text()
+
+    return result

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import EVALSET, ROOT
+from tests._cli import run_inproc
+from tests.conftest import EVALSET, ROOT, SHOP
 
 PREFECT = str(Path(sys.executable).parent / "prefect")
 EXPECTED = {
@@ -81,27 +82,112 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
-@pytest.fixture
-def worker(tmp_path):
-    """Creates the process work pool, deploys prefect.yaml, starts a worker (stopped by PID)."""
+class Worker:
+    """The module's one worker process and its log (both end-to-end tests use it)."""
+
+    def __init__(self, proc: subprocess.Popen, log: Path) -> None:
+        self.proc, self.log = proc, log
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def tail(self, size: int = 3000) -> str:
+        return self.log.read_text()[-size:]
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    """Creates the process work pool, deploys prefect.yaml, starts a worker (stopped by PID):
+    once for the module, since deploying and starting a worker cost ~20 s each time."""
     env = {**os.environ, "PREFECT_CLI_PROMPT": "false", "PREFECT_WORKER_QUERY_SECONDS": "1",
            "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
     # (`work-pool ls` truncates names in a narrow table: create it, or update it in place)
     _prefect("work-pool", "create", "evalsnap-process", "--type", "process", "--overwrite",
              env=env)
     _prefect("--no-prompt", "deploy", "--all", env=env)
-    log = open(tmp_path / "worker.log", "wb")
+    path = tmp_path_factory.mktemp("worker") / "worker.log"
+    log = open(path, "wb")
+    # --limit 4: the end-to-end tests' four flow runs may all run at once
     proc = subprocess.Popen([PREFECT, "worker", "start", "--pool", "evalsnap-process",
-                             "--limit", "2"], cwd=ROOT, env=env, stdout=log,
+                             "--limit", "4"], cwd=ROOT, env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        yield proc
+        yield Worker(proc, path)
     finally:
         _stop(proc)  # before the server (session teardown) goes away
         log.close()
 
 
-def test_rerun_deployment_end_to_end(cli, shop_copy, store_dir, worker, tmp_path):
+def _shop(dst: Path) -> Path:
+    shutil.copytree(SHOP, dst, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def flow_runs(worker, tmp_path_factory) -> dict:
+    """The end-to-end tests' flow runs of the deployments, created at once (what the UI's
+    "custom run" does: a flow run of a deployment with parameters), so that the worker runs
+    them side by side; each test waits for its own and checks them. Every run has a store
+    (and a first run in it, made by the CLI) of its own."""
+    from prefect.client.orchestration import get_client
+
+    base = tmp_path_factory.mktemp("flow-runs")
+    # test_rerun_deployment_end_to_end's store: one run of two cases and three metrics
+    rerun_agent = _shop(base / "rerun" / "agents" / "shop_agent")
+    rerun_store = base / "rerun" / "store"
+    rerun_evalset = rerun_agent / EVALSET.name
+    rerun_first = run_inproc("run", str(rerun_agent), str(rerun_evalset), "--store",
+                             str(rerun_store), "--case", "weather_paris", "--case",
+                             "cart_add_two_items", "--metric", "tool_trajectory_avg_score",
+                             "--metric", "response_match_score", "--metric",
+                             "response_mentions_city", "--json")
+    assert rerun_first.code in (0, 1), rerun_first.stderr[-3000:]
+    # test_gate_fails_the_flow_run_emits_events_and_names_runs's store: one passing unit,
+    # then an edited eval set that makes it regress
+    gate_agent = _shop(base / "gate" / "agents" / "shop_agent")
+    gate_store = base / "gate" / "store"
+    gate_evalset = gate_agent / EVALSET.name
+    gate_first = run_inproc("run", str(gate_agent), str(gate_evalset), "--store",
+                            str(gate_store), "--case", "weather_paris", "--metric",
+                            "response_match_score", "--json")
+    assert gate_first.code == 0, gate_first.stderr[-3000:]
+    edited = json.loads(gate_evalset.read_text("utf-8"))
+    for case in edited["eval_cases"]:
+        if case["eval_id"] == "weather_paris":
+            case["conversation"][0]["final_response"]["parts"][0]["text"] = "Nothing alike."
+    (gate_agent / "edited.evalset.json").write_text(json.dumps(edited), "utf-8")
+    gate_parameters = {"run_or_snapshot": gate_first.json["run_id"], "store": str(gate_store),
+                       "evalset": str(gate_agent / "edited.evalset.json"),
+                       "config": str(gate_agent / "test_config.json"), "cases": "weather_paris",
+                       "metrics": "response_match_score",
+                       "baseline": gate_first.json["run_id"], "fail_on": "regression"}
+    # issue 20: the nightly deployment runs a LangGraph agent, its parameters unchanged
+    graph_agent = base / "gate" / "agents" / "langgraph_agent"
+    shutil.copytree(ROOT / "examples" / "langgraph_agent", graph_agent,
+                    ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+
+    with get_client(sync_client=True) as client:
+        rerun = client.read_deployment_by_name("evalsnap-rescore/rerun")
+        nightly = client.read_deployment_by_name("evalsnap-evaluate/nightly-eval")
+        rerun_run = client.create_flow_run_from_deployment(rerun.id, parameters={
+            "run_or_snapshot": rerun_first.json["run_id"], "store": str(rerun_store),
+            "evalset": str(rerun_evalset), "config": str(rerun_agent / "test_config.json"),
+            "reuse": False, "force": True,
+            "metrics": "response_match_score, response_mentions_city",
+            "cases": "weather_paris"})  # the form's comma-separated text boxes
+        typed = client.create_flow_run_from_deployment(rerun.id, parameters=gate_parameters,
+                                                       name="after the reference fix")
+        untyped = client.create_flow_run_from_deployment(
+            rerun.id, parameters={**gate_parameters, "fail_on": "never"}, name="nu5-xultun")
+        graph_run = client.create_flow_run_from_deployment(nightly.id, parameters={
+            "agent_dir": str(graph_agent), "evalset": str(graph_agent / "trip.evalset.json"),
+            "config": "", "store": str(gate_store / "graph"), "reuse": True, "baseline": ""})
+    return {"rerun_deployment": rerun, "rerun_first": rerun_first, "rerun_store": rerun_store,
+            "rerun": rerun_run.id, "gate_first": gate_first, "gate_store": gate_store,
+            "typed": typed.id, "untyped": untyped.id, "graph": graph_run.id}
+
+
+def test_rerun_deployment_end_to_end(worker, flow_runs):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         ArtifactFilter,
@@ -112,33 +198,12 @@ def test_rerun_deployment_end_to_end(cli, shop_copy, store_dir, worker, tmp_path
 
     from evalsnap.records import EvaluationRecord, repo
 
-    evalset = shop_copy / EVALSET.name
-    first = cli("run", str(shop_copy), str(evalset), "--store", str(store_dir),
-                "--case", "weather_paris", "--case", "cart_add_two_items",
-                "--metric", "tool_trajectory_avg_score", "--metric", "response_match_score",
-                "--metric", "response_mentions_city", "--json")
-    assert first.code in (0, 1), first.stderr[-3000:]
-    run_id = first.json["run_id"]
-
-    # What the UI's "custom run" does: create a flow run of the deployment with parameters.
-    parameters = {"run_or_snapshot": run_id, "store": str(store_dir), "evalset": str(evalset),
-                  "config": str(shop_copy / "test_config.json"), "reuse": False, "force": True,
-                  "metrics": "response_match_score, response_mentions_city",
-                  "cases": "weather_paris"}  # the form's comma-separated text boxes
+    run_id = flow_runs["rerun_first"].json["run_id"]
+    store_dir = flow_runs["rerun_store"]
+    assert "rerun" in flow_runs["rerun_deployment"].tags
     with get_client(sync_client=True) as client:
-        deployment = client.read_deployment_by_name("evalsnap-rescore/rerun")
-        assert "rerun" in deployment.tags
-        flow_run = client.create_flow_run_from_deployment(deployment.id, parameters=parameters)
-        deadline = time.time() + 180
-        while True:
-            flow_run = client.read_flow_run(flow_run.id)
-            if flow_run.state and flow_run.state.is_final():
-                break
-            assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
-            assert time.time() < deadline, "rerun did not finish in 180 s:\n" + \
-                (tmp_path / "worker.log").read_text()[-3000:]
-            time.sleep(1)
-        assert flow_run.state.is_completed(), (tmp_path / "worker.log").read_text()[-4000:]
+        flow_run = _wait_final(client, flow_runs["rerun"], worker)
+        assert flow_run.state.is_completed(), worker.tail(4000)
         assert flow_run.name.startswith("rescore-")
         assert {"evalsnap", "rerun"} <= set(flow_run.tags)
         artifacts = client.read_artifacts(
@@ -173,37 +238,36 @@ def test_rerun_deployment_end_to_end(cli, shop_copy, store_dir, worker, tmp_path
         {t.name for t in task_runs}
 
 
-def _wait_final(client, flow_run_id, worker, log: Path, timeout: float = 240):
+def _wait_final(client, flow_run_id, worker: Worker, timeout: float = 300):
     deadline = time.time() + timeout
     while True:
         flow_run = client.read_flow_run(flow_run_id)
         if flow_run.state and flow_run.state.is_final():
             return flow_run
-        assert worker.poll() is None, log.read_text()[-3000:]
-        assert time.time() < deadline, f"flow run not final in {timeout} s:\n" + \
-            log.read_text()[-3000:]
-        time.sleep(1)
+        assert worker.poll() is None, worker.tail()
+        assert time.time() < deadline, f"flow run not final in {timeout} s:\n" + worker.tail()
+        time.sleep(0.25)
 
 
-def _events(prefix: str, record_id: str) -> list[dict]:
-    """Events of one record, read back through the server's API (``/events/filter``)."""
+def _events(prefix: str, record_id: str, expected: set[str]) -> list[dict]:
+    """Events of one record, read back through the server's API (``/events/filter``): polled
+    until the ``expected`` ones are there (or 30 s passed), then what there is."""
     import httpx
 
     body = {"filter": {"event": {"prefix": [prefix]},
                        "any_resource": {"id": [f"evalsnap.record.{record_id}"]}}, "limit": 50}
-    for _ in range(30):  # events are sent asynchronously by the flow run's process
+    deadline = time.monotonic() + 30
+    while True:  # events are sent asynchronously by the flow run's process
         response = httpx.post(f"{os.environ['PREFECT_API_URL']}/events/filter", json=body,
                               timeout=10)
         response.raise_for_status()
         found = response.json()["events"]
-        if found:
+        if expected <= {e["event"] for e in found} or time.monotonic() > deadline:
             return found
-        time.sleep(1)
-    return []
+        time.sleep(0.25)
 
 
-def test_gate_fails_the_flow_run_emits_events_and_names_runs(cli, shop_copy, store_dir, worker,
-                                                            tmp_path):
+def test_gate_fails_the_flow_run_emits_events_and_names_runs(worker, flow_runs):
     """A regression against the baseline ends the deployment's flow run Failed (message naming
     the case and metric), after the record is published; the events reach the server; a
     typed run name is kept and a generated one says eval set and subset."""
@@ -211,40 +275,14 @@ def test_gate_fails_the_flow_run_emits_events_and_names_runs(cli, shop_copy, sto
 
     from evalsnap.records import repo
 
-    evalset = shop_copy / EVALSET.name
-    first = cli("run", str(shop_copy), str(evalset), "--store", str(store_dir), "--case",
-                "weather_paris", "--metric", "response_match_score", "--json")
-    assert first.code == 0, first.stderr[-3000:]
-    edited = json.loads(evalset.read_text("utf-8"))
-    for case in edited["eval_cases"]:
-        if case["eval_id"] == "weather_paris":
-            case["conversation"][0]["final_response"]["parts"][0]["text"] = "Nothing alike."
-    (shop_copy / "edited.evalset.json").write_text(json.dumps(edited), "utf-8")
-    parameters = {"run_or_snapshot": first.json["run_id"], "store": str(store_dir),
-                  "evalset": str(shop_copy / "edited.evalset.json"),
-                  "config": str(shop_copy / "test_config.json"), "cases": "weather_paris",
-                  "metrics": "response_match_score", "baseline": first.json["run_id"],
-                  "fail_on": "regression"}
-    log = tmp_path / "worker.log"
+    first = flow_runs["gate_first"]
+    store_dir = flow_runs["gate_store"]
     with get_client(sync_client=True) as client:
-        deployment = client.read_deployment_by_name("evalsnap-rescore/rerun")
-        typed = client.create_flow_run_from_deployment(deployment.id, parameters=parameters,
-                                                       name="after the reference fix")
-        untyped = client.create_flow_run_from_deployment(
-            deployment.id, parameters={**parameters, "fail_on": "never"}, name="nu5-xultun")
-        # issue 20: the nightly deployment runs a LangGraph agent, its parameters unchanged
-        graph_agent = tmp_path / "agents" / "langgraph_agent"
-        shutil.copytree(ROOT / "examples" / "langgraph_agent", graph_agent,
-                        ignore=shutil.ignore_patterns("__pycache__", ".adk"))
-        nightly = client.read_deployment_by_name("evalsnap-evaluate/nightly-eval")
-        graph_run = client.create_flow_run_from_deployment(nightly.id, parameters={
-            "agent_dir": str(graph_agent), "evalset": str(graph_agent / "trip.evalset.json"),
-            "config": "", "store": str(store_dir / "graph"), "reuse": True, "baseline": ""})
-        typed = _wait_final(client, typed.id, worker, log)
-        untyped = _wait_final(client, untyped.id, worker, log)
-        graph_run = _wait_final(client, graph_run.id, worker, log)
+        typed = _wait_final(client, flow_runs["typed"], worker)
+        untyped = _wait_final(client, flow_runs["untyped"], worker)
+        graph_run = _wait_final(client, flow_runs["graph"], worker)
 
-    assert typed.state.is_failed(), log.read_text()[-4000:]
+    assert typed.state.is_failed(), worker.tail(4000)
     message = typed.state.message
     assert message.startswith("REGRESSED (fail_on=regression): shop: 1 regressed since "
                               f"{first.json['run_id']} (weather_paris · response_match_score)")
@@ -256,8 +294,9 @@ def test_gate_fails_the_flow_run_emits_events_and_names_runs(cli, shop_copy, sto
     store = repo.open_store(str(store_dir))
     oid, record = repo.resolve_record(store, record_id)
     assert record.baseline.run_id == first.json["run_id"] and not record.full
-    events = _events("evalsnap.run.", oid)
-    assert {e["event"] for e in events} == {"evalsnap.run.failed", "evalsnap.run.regressed"}
+    expected = {"evalsnap.run.failed", "evalsnap.run.regressed"}
+    events = _events("evalsnap.run.", oid, expected)
+    assert {e["event"] for e in events} == expected
     resource = events[0]["resource"]
     assert resource["evalsnap.eval-set"] == "shop" and resource["evalsnap.record"] == oid
     assert resource["evalsnap.run"] == record.run_id
@@ -268,7 +307,7 @@ def test_gate_fails_the_flow_run_emits_events_and_names_runs(cli, shop_copy, sto
                for r in regressed["related"])
 
     # the LangGraph run: Failed by its two designed failures (fail_on=quality), published
-    assert graph_run.state.is_failed(), log.read_text()[-4000:]
+    assert graph_run.state.is_failed(), worker.tail(4000)
     assert "2 failed" in graph_run.state.message and ("trip_wrong_trajectory" in
                                                         graph_run.state.message), \
         graph_run.state.message
@@ -278,7 +317,7 @@ def test_gate_fails_the_flow_run_emits_events_and_names_runs(cli, shop_copy, sto
                                                            "final_state_match"}
 
     # fail_on=never: the same regression, Completed; the random name became a telling one.
-    assert untyped.state.is_completed(), log.read_text()[-4000:]
+    assert untyped.state.is_completed(), worker.tail(4000)
     assert re.fullmatch(r"rescore-shop-subset-\d{8}-\d{6}-[0-9a-f]{4}", untyped.name), untyped.name
 
 
@@ -327,10 +366,11 @@ def test_custom_run_form_renders_without_none_toggles(tmp_path):
         args = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu",
                 "--disable-background-networking", "--no-first-run", "--hide-scrollbars",
                 "--virtual-time-budget=20000"]
-        subprocess.run([*args, "--window-size=1280,2600", "--screenshot=/tmp/form.png", page],
-                       capture_output=True, timeout=120, check=True)
-        dom = subprocess.run([*args, "--dump-dom", page], capture_output=True, text=True,
-                             timeout=120, check=True).stdout
+        Path("/tmp/form.png").unlink(missing_ok=True)  # this run's screenshot, not an old one
+        # one page load gives both: the screenshot and the DOM it shows
+        dom = subprocess.run([*args, "--window-size=1280,2600", "--screenshot=/tmp/form.png",
+                              "--dump-dom", page], capture_output=True, text=True, timeout=120,
+                             check=True).stdout
     finally:
         _stop(server)
     assert Path("/tmp/form.png").stat().st_size > 20_000

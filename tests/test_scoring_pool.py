@@ -43,10 +43,16 @@ def _task_run_names(run_id_store: str) -> list[str]:
     return [t.name for t in tasks]
 
 
-def test_a_scoring_process_gives_the_units_of_one_process(shop_copy: Path, tmp_path: Path):
+def test_a_scoring_process_gives_the_units_of_one_process(shop_copy: Path, tmp_path: Path,
+                                                          golden_demo):
+    from evalsnap import settings
+
     evalset = str(shop_copy / "shop.evalset.json")
-    one = run_cli("run", str(shop_copy), evalset, "--store", str(tmp_path / "one"), "--json",
-                  env={"EVALSNAP_SCORE_PROCESSES": "0"})
+    # The one-process run: the session's cold run of the demo (the same agent, eval set and
+    # config), too few units for a scoring process at the default threshold.
+    one = golden_demo.copy(tmp_path / "golden")[2]
+    units = len(one.json["cases"]) * len(one.json["cases"][0]["metrics"])
+    assert units < settings.get().score_pool_min_units
     marker = uuid.uuid4().hex
     pooled_store = str(tmp_path / "pooled")
     pooled = run_cli("run", str(shop_copy), evalset, "--store", pooled_store, "--json",
