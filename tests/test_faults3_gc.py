@@ -27,7 +27,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests._cli import run_inproc
+from tests.conftest import ROOT
 from tests.servers import Server, moto_with_bucket
 
 CASES = ["weather_paris", "cart_add_two_items", "cart_add_then_show"]
@@ -134,8 +135,8 @@ def test_gc_and_a_run_that_starts_meanwhile(backend: str, shop_copy: Path, tmp_p
     cases = [a for c in CASES for a in ("--case", c)]
 
     def run(*extra: str) -> dict[str, Any]:
-        result = run_cli("run", str(shop_copy), evalset, "--store", store.url, "--json",
-                         *cases, *extra, env=env)
+        result = run_inproc("run", str(shop_copy), evalset, "--store", store.url, "--json",
+                            *cases, *extra, env=env)
         assert result.code in (0, 1), result.stderr[-3000:]
         return result.json
 
@@ -172,9 +173,9 @@ def test_gc_and_a_run_that_starts_meanwhile(backend: str, shop_copy: Path, tmp_p
     assert c_code in (0, 1), c_err[-3000:]
 
     def whole() -> None:
-        verify = run_cli("verify", "--store", store.url, "--json", env=env)
+        verify = run_inproc("verify", "--store", store.url, "--json", env=env)
         assert verify.code == 0, verify.stdout[-3000:] + verify.stderr[-2000:]
-        shown = run_cli("show", "latest", "--store", store.url, "--json", env=env)
+        shown = run_inproc("show", "latest", "--store", store.url, "--json", env=env)
         assert shown.code == 0, shown.stderr[-3000:]
         assert shown.json["record_id"] == body_c["record_id"]
         assert {c["eval_id"] for c in shown.json["cases"]} == set(CASES)
@@ -185,8 +186,8 @@ def test_gc_and_a_run_that_starts_meanwhile(backend: str, shop_copy: Path, tmp_p
     assert report["objects_deferred"] and "started while gc ran" in report["objects_deferred"], \
         report
     # later, when no run writes: what gc deferred goes, and the store stays whole
-    later = run_cli("gc", "--store", store.url, "--keep-last", "1", "--grace", "0", "--json",
-                    env=env)
+    later = run_inproc("gc", "--store", store.url, "--keep-last", "1", "--grace", "0", "--json",
+                       env=env)
     assert later.code == 0, later.stderr[-3000:]
     assert later.json["objects_deferred"] is None and later.json["removed_count"] > 0
     assert [r["run_id"] for r in later.json["runs_kept"]] == [body_c["run_id"]]

@@ -87,6 +87,14 @@ def _tree(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
 
 
+def _backdate(root: Path, seconds: float) -> None:
+    """Every file under ``root`` last written ``seconds`` ago (gc goes by mtime on disk)."""
+    old = time.time() - seconds
+    for path in root.rglob("*"):
+        if path.is_file():
+            os.utime(path, (old, old), follow_symlinks=False)
+
+
 # ---- local disk ---------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -99,8 +107,14 @@ def two_sets(agent: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
                            ("shop", CASES_A[:1])):
         runs[evalset].append(_run(agent, store, cases, evalset=evalset))
         if len(runs["shop"]) == 1 and evalset == "shop":
-            time.sleep(20)  # --older-than between the first two runs of shop
-    return {"store": store, "runs": runs}
+            # --older-than between the first two runs of shop: the first was written two
+            # hours ago (the store's dates: gc goes by them, not by what a manifest claims)
+            _backdate(Path(store), 7200)
+    # a copy before any test's gc: run A (shop, 3 cases, two hours old), B1 and B2 of
+    # :func:`test_gc_while_a_run_writes_loses_nothing` (and two runs of shop_nightly2)
+    pristine = str(Path(store).parent / "pristine")
+    shutil.copytree(store, pristine)  # dates kept
+    return {"store": store, "runs": runs, "pristine": pristine}
 
 
 def test_dry_run_lists_what_would_go_and_deletes_nothing(two_sets: dict[str, Any]) -> None:
@@ -124,14 +138,16 @@ def test_dry_run_lists_what_would_go_and_deletes_nothing(two_sets: dict[str, Any
 def test_older_than_removes_only_runs_older_than_that(two_sets: dict[str, Any]) -> None:
     store = two_sets["store"]
     shop = two_sets["runs"]["shop"]
-    created = [dt.datetime.fromisoformat(run_inproc("show", run["run_id"], "--store", store, "--json")
-                                         .json["record"]["created_at"].replace("Z", "+00:00"))
-               .timestamp() for run in shop[:2]]
-    assert created[1] - created[0] > 20, created  # the fixture waits between them
-    # a bit younger than the first run: the second is 20 s younger than that, and gc starts
-    # within a few seconds
-    between = (time.time() - created[0] - 3) / 86400
-    report = _gc(store, "--older-than", f"{between:.8f}", "--grace", "0", "--dry-run")
+    manifests = Path(store, "v1", "refs", "runs")
+    ages = [time.time() - (manifests / run["run_id"]).stat().st_mtime for run in shop[:2]]
+    assert ages[0] > 7000 and ages[1] < 1800, ages  # the fixture backdates the first run
+    # what the first run's manifest claims of itself is recent: gc must not go by it
+    created = dt.datetime.fromisoformat(run_inproc("show", shop[0]["run_id"], "--store", store,
+                                                   "--json").json["record"]["created_at"]
+                                        .replace("Z", "+00:00")).timestamp()
+    assert time.time() - created < 1800, created
+    # one hour: younger than the first run (two hours old by the store), older than the second
+    report = _gc(store, "--older-than", f"{1 / 24:.8f}", "--grace", "0", "--dry-run")
     assert [r["run_id"] for r in report["runs_removed"]] == [shop[0]["run_id"]]
     kept = {r["run_id"]: r["why"] for r in report["runs_kept"]}
     assert kept[shop[1]["run_id"]].startswith("younger than")
@@ -155,9 +171,40 @@ def test_keep_last_counts_per_eval_set_and_verify_passes(two_sets: dict[str, Any
     assert again["removed_count"] == 0, again["removed"]
 
 
-def test_a_killed_run_is_collected_only_after_the_grace_period(agent: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def moto() -> Iterator[Server]:
+    with moto_with_bucket(BUCKET) as server:
+        yield server
+
+
+def _s3_env(moto: Server) -> dict[str, str]:
+    return {**_S3_ENV, "AWS_ENDPOINT_URL": moto.url}
+
+
+@pytest.fixture(scope="module")
+def abb(two_sets: dict[str, Any], agent: Path, moto: Server) -> dict[str, dict[str, Any]]:
+    """Run A (3 cases), then B1 and B2 of eval set shop, on local disk and on S3, once for
+    the module. On disk: a copy of :func:`two_sets` before any gc (A is backdated two hours
+    there: gc goes by mtime; B1 has 2 cases, and two runs of shop_nightly2 are in between).
+    S3 keeps its own dates: A, B1 and B2 (1 case each) are run there, and the store notes
+    when A was written; the S3 test waits, if it must, until A is older than its grace
+    period (the tests in between age it: this fixture is first used before them)."""
+    s3_env = _s3_env(moto)
+    s3_store = f"s3://{BUCKET}/gc-{uuid.uuid4().hex[:8]}"
+    s3 = {"store": s3_store, "env": s3_env, "a": _run(agent, s3_store, CASES_A, env=s3_env),
+          "a_written": time.monotonic()}
+    _run(agent, s3_store, CASES_A[:1], env=s3_env)  # B1
+    s3["b"] = _run(agent, s3_store, CASES_A[:1], env=s3_env)
+    shop = two_sets["runs"]["shop"]
+    assert [len(r["cases"]) for r in shop] == [3, 2, 1], shop
+    local = {"store": two_sets["pristine"], "env": {}, "a": shop[0], "b": shop[-1]}
+    return {"local": local, "s3": s3}
+
+
+def test_a_killed_run_is_collected_only_after_the_grace_period(
+        agent: Path, abb: dict[str, dict[str, Any]], tmp_path: Path) -> None:
     store = str(tmp_path / "store")
-    _run(agent, store, CASES_A[:1])
+    shutil.copytree(abb["local"]["store"], store)  # three runs of shop, two of shop_nightly2
     before = _tree(Path(store))
     env = {**os.environ, "EVALSNAP_DEMO_LATENCY_MS": "300"}
     proc = subprocess.Popen([sys.executable, "-m", "evalsnap.cli", "run", str(agent),
@@ -166,29 +213,32 @@ def test_a_killed_run_is_collected_only_after_the_grace_period(agent: Path, tmp_
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (set(_tree(Path(store))) - set(before)):
-            time.sleep(0.2)
-        time.sleep(1.0)
+        while time.monotonic() < deadline and proc.poll() is None and not any(
+                "/objects/" in p and "/.tmp-" not in p
+                for p in set(_tree(Path(store))) - set(before)):
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before it was killed"
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     orphans = set(_tree(Path(store))) - set(before)
     assert any("/objects/" in p for p in orphans), orphans
-    kept = _gc(store, "--keep-last", "1", "--grace", "1h")
+    # --keep-last 3: A, B1 and B2 stay; only what the killed run left may go
+    kept = _gc(store, "--keep-last", "3", "--grace", "1h")
     assert kept["removed_count"] == 0, kept["removed"]
     assert orphans <= set(_tree(Path(store)))
-    swept = _gc(store, "--keep-last", "1", "--grace", "0")
-    assert swept["removed_count"] > 0
+    swept = _gc(store, "--keep-last", "3", "--grace", "0")
+    assert swept["removed_count"] > 0 and not swept["runs_removed"], swept
     assert not {p for p in orphans if "/objects/" in p} & set(_tree(Path(store)))
     _verify(store)
 
 
 # ---- a run writing while gc runs, on local disk and on S3 -------------------------------------
 
-@pytest.fixture(scope="module")
-def moto() -> Iterator[Server]:
-    with moto_with_bucket(BUCKET) as server:
-        yield server
+#: The grace period of the test below, per backend: on disk A is two hours old (backdated)
+#: and the default applies; on S3 (no way to backdate) it must be longer than run C and
+#: shorter than A's age, for which the test waits.
+GRACE = {"local": 3600, "s3": 40}
 
 
 def _objects(store: str, env: dict[str, str]) -> set[str]:
@@ -201,28 +251,29 @@ def _objects(store: str, env: dict[str, str]) -> set[str]:
 
 @pytest.mark.parametrize("backend", ["local", "s3"])
 def test_gc_while_a_run_writes_loses_nothing(backend: str, agent: Path, tmp_path: Path,
-                                             request: pytest.FixtureRequest,
+                                             abb: dict[str, dict[str, Any]],
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """A (3 cases), then B1 and B2 (1 case each): with --keep-last 2 only B1 and B2 are kept.
+    """A (3 cases), then B1 and B2 (fewer cases; :func:`abb`): with --keep-last 2 only B1 and
+    B2 of their eval set are kept.
     C reuses A's work for A's cases (the index still names it) and runs 4 new ones slowly,
     while gc runs again and again with a grace period longer than C but shorter than A's
     age: A's run goes at once, but no object C took from A's run may go before C names it,
     and nothing of B2 (kept throughout) goes."""
-    env: dict[str, str] = {}
+    setup = abb[backend]
+    env: dict[str, str] = setup["env"]
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    grace = GRACE[backend]
     if backend == "s3":
-        moto = request.getfixturevalue("moto")
-        env = {**_S3_ENV, "AWS_ENDPOINT_URL": moto.url}
-        for key, value in env.items():
-            monkeypatch.setenv(key, value)
-        store = f"s3://{BUCKET}/gc-{uuid.uuid4().hex[:8]}"
+        store = setup["store"]
+        # A is older than the grace period
+        time.sleep(max(0.0, grace + 2 - (time.monotonic() - setup["a_written"])))
     else:
         store = str(tmp_path / "store")
-    grace = 40
-    run_a = _run(agent, store, CASES_A, env=env)
-    started = time.monotonic()
-    _run(agent, store, CASES_A[:1], env=env)
-    run_b = _run(agent, store, CASES_A[:1], env=env)
-    time.sleep(max(0.0, grace + 2 - (time.monotonic() - started)))  # A is older than the grace
+        shutil.copytree(setup["store"], store)  # dates kept: A two hours old
+        age = time.time() - Path(store, "v1", "refs", "runs", setup["a"]["run_id"]).stat().st_mtime
+        assert age > grace + 60, age
+    run_a, run_b = setup["a"], setup["b"]
     before = _objects(store, env)
     slow = {**os.environ, **env, "EVALSNAP_INFER_BATCH": "50",
             "EVALSNAP_DEMO_AGENT_LATENCY_MS": "1200",
@@ -246,12 +297,13 @@ def test_gc_while_a_run_writes_loses_nothing(backend: str, agent: Path, tmp_path
             assert result.exit_code == 0, result.output[-3000:]
             reports.append(json.loads(result.stdout.strip().splitlines()[-1]))
         stdout, stderr = proc.communicate(timeout=60)
+        c_took = time.monotonic() - c_started
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
     assert proc.returncode in (0, 1), stderr[-3000:]
-    assert time.monotonic() - c_started < grace, "run C must be shorter than the grace period"
+    assert c_took < grace, f"run C must be shorter than the grace period: {c_took:.1f} s"
     run_c = json.loads(stdout.strip().splitlines()[-1])
     assert run_c["reused_units"] > 0 and len(reports) >= 2, (run_c["reused_units"], len(reports))
     assert reports[0]["runs_removed"] and reports[0]["runs_removed"][0]["run_id"] == run_a["run_id"]
@@ -261,12 +313,13 @@ def test_gc_while_a_run_writes_loses_nothing(backend: str, agent: Path, tmp_path
                    for k in ("record", "snapshot", "inference", "unit", "judge", "index/inference",
                              "index/unit", "index/judge", "prefect result")), report
     _verify(store, env)
-    _shown_fully(store, run_c["run_id"], CASES_A + CASES_NEW, env)
-    _shown_fully(store, run_b["run_id"], CASES_A[:1], env)
+    # (that every case of C and B resolves is shown after the quiet gc below: a gc never
+    # writes, so what the race had lost would be missing there too)
     # Quiet now: a gc without a grace period sweeps what nothing kept names, and nothing else.
     final = _gc(store, "--keep-last", "2", "--grace", "0", env=env)
     assert final["objects_deferred"] is None and final["removed_count"] > 0
-    assert [r["run_id"] for r in final["runs_kept"]] == [run_c["run_id"], run_b["run_id"]]
+    assert [r["run_id"] for r in final["runs_kept"] if r["eval_set_id"] == "shop"] == [
+        run_c["run_id"], run_b["run_id"]]
     _verify(store, env)
     _shown_fully(store, run_c["run_id"], CASES_A + CASES_NEW, env)
     _shown_fully(store, run_b["run_id"], CASES_A[:1], env)
