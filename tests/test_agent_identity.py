@@ -5,7 +5,9 @@ with a plugin, an AgentTool whose model and instruction come from the environmen
 sub-agent with a callable instruction, a workflow agent, a function tool, a callback, a
 ``.env`` with a scenario and a fake key, and a file outside the package that the config
 declares (``evalsnapIdentity``). One story of runs on one store, each changing one thing and
-reusing what it can (``--reuse``, a new process each time).
+reusing what it can (``--reuse``, a new process each time; the cold run and the first warm one
+with other hash seeds). Every read (``explain``, ``diff``, ``show``) is the CLI in the test
+process (:mod:`tests._cli`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests._cli import run_inproc
 from tests.conftest import ROOT, CliResult, run_cli
 
 FIXTURE = Path(__file__).parent / "fixtures" / "identity_agents"
@@ -54,17 +57,21 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     runs: dict[str, CliResult] = {}
     explained: dict[str, dict[str, Any]] = {}
 
-    def step(name: str, **more_env: str) -> None:
+    def step(name: str, seed: str | None = None, **more_env: str) -> None:
         env.update(more_env)
-        runs[name] = run_cli("run", str(agent), str(agent / "trip.evalset.json"), "--store",
-                             str(store), "--json", "--reuse", env=env)
+        args = ("run", str(agent), str(agent / "trip.evalset.json"), "--store", str(store),
+                "--json", "--reuse")
+        # each run a process (in the test process the runs after the first ones are
+        # explained without their agent changes: reported); a seed: that hash seed
+        runs[name] = run_cli(*args, env={**env, "PYTHONHASHSEED": seed} if seed else env)
         if runs[name].code in (0, 1):
-            shown = run_cli("explain", runs[name].json["run_id"], "--store", str(store), "--json")
+            shown = run_inproc("explain", runs[name].json["run_id"], "--store", str(store),
+                               "--json")
             explained[name] = _ok(shown)
 
-    step("cold")
+    step("cold", seed="1")
     cold_usage = log.read_text()
-    step("warm")
+    step("warm", seed="4242")
     set_env_value(agent / ".env", "PLACES_API_KEY", ROTATED)
     step("rotated")
     step("instruction", PLACES_INSTRUCTION="Suggest hidden places.")
@@ -79,14 +86,16 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     source.write_text(source.read_text().replace('f"Plan a trip for', 'f"Plan a journey for'))
     step("callable")
     step("again")
-    text = run_cli("explain", runs["instruction"].json["run_id"], "--store", str(store))
-    diffed = run_cli("diff", runs["cold"].json["run_id"], runs["instruction"].json["run_id"],
-                     "--store", str(store), "--json")
+    text = run_inproc("explain", runs["instruction"].json["run_id"], "--store", str(store))
+    diffed = run_inproc("diff", runs["cold"].json["run_id"], runs["instruction"].json["run_id"],
+                        "--store", str(store), "--json")
     return {"agent": agent, "store": store, "runs": runs, "explained": explained,
             "explain_text": text, "diff": diffed, "cold_usage": cold_usage}
 
 
 def test_reuse_in_a_new_process_reuses_and_a_key_rotation_too(story: dict[str, Any]) -> None:
+    """``cold`` and ``warm`` are two processes with other hash seeds: ``warm`` reusing the
+    inference is the identity being the same in both."""
     cold = _ok(story["runs"]["cold"])
     assert cold["agent_calls"] == 3  # the root, the AgentTool's agent, the root again
     for name in ("warm", "rotated", "again"):
@@ -163,15 +172,20 @@ def test_tokens_are_every_call_the_model_reported_agent_tool_runs_included(
 
 PROBE = """
 import json, sys
-sys.path.insert(0, sys.argv[2])
+sys.path.insert(0, sys.argv[1])
 from evalsnap.adk.agent import load_agent
-agent = load_agent(sys.argv[1])
-print(json.dumps({"identity": agent.identity, "manifest": agent.manifest}, sort_keys=True))
+found = {}
+for agent_dir in sys.argv[2:]:
+    agent = load_agent(agent_dir)
+    found[agent_dir] = {"identity": agent.identity, "manifest": agent.manifest}
+print(json.dumps(found, sort_keys=True))
 """
 
 
-def _probe(agent_dir: Path, seed: str) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-c", PROBE, str(agent_dir), str(ROOT / "examples")],
+def _probe(agent_dirs: list[Path], seed: str) -> dict[str, Any]:
+    """The identity and manifest of each agent, loaded in that order in one fresh process."""
+    proc = subprocess.run([sys.executable, "-c", PROBE, str(ROOT / "examples"),
+                           *map(str, agent_dirs)],
                           cwd=ROOT, capture_output=True, text=True, timeout=180,
                           env={**_clean_env(), "PYTHONHASHSEED": seed})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -185,9 +199,29 @@ def _clean_env() -> dict[str, str]:
             if not k.startswith(("PLACES_", "CONCIERGE_", "LOOP_"))}
 
 
-def test_the_same_agent_has_the_same_identity_in_two_fresh_processes(tmp_path: Path) -> None:
-    agent = copy_project(tmp_path)
-    first, second = _probe(agent, "1"), _probe(agent, "4242")  # other hash seeds: set order
+def _has_langgraph() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("langgraph") is not None
+
+
+@pytest.fixture(scope="module")
+def probes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict, dict]]:
+    """Each agent's ``(first, second)`` probe: two fresh processes, other hash seeds (set
+    order), and the agents loaded in the opposite order in the second."""
+    base = tmp_path_factory.mktemp("probe")
+    agents = {"concierge": copy_project(base)}
+    if _has_langgraph():
+        agents["langgraph"] = base / "langgraph_agent"
+        shutil.copytree(ROOT / "examples" / "langgraph_agent", agents["langgraph"],
+                        ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    dirs = list(agents.values())
+    first, second = _probe(dirs, "1"), _probe(dirs[::-1], "4242")
+    return {name: (first[str(d)], second[str(d)]) for name, d in agents.items()}
+
+
+def test_the_same_agent_has_the_same_identity_in_two_fresh_processes(probes) -> None:
+    first, second = probes["concierge"]
     assert first == second
     tree = first["manifest"]["tree"]
     planner = next(a for a in tree["sub_agents"] if a["agent"] == "planner")
@@ -200,12 +234,9 @@ def test_the_same_agent_has_the_same_identity_in_two_fresh_processes(tmp_path: P
     assert [p["name"] for p in first["manifest"]["app"]["plugins"]] == ["audit"]
 
 
-def test_the_langgraph_lane_identity_is_the_same_in_two_fresh_processes(tmp_path: Path) -> None:
+def test_the_langgraph_lane_identity_is_the_same_in_two_fresh_processes(probes) -> None:
     pytest.importorskip("langgraph")
-    agent = tmp_path / "langgraph_agent"
-    shutil.copytree(ROOT / "examples" / "langgraph_agent", agent,
-                    ignore=shutil.ignore_patterns("__pycache__", ".adk"))
-    first, second = _probe(agent, "7"), _probe(agent, "99")
+    first, second = probes["langgraph"]
     assert first == second and first["manifest"]["framework"] == "langgraph"
     nodes = {n["id"]: n["runs"] for n in first["manifest"]["graph"]["nodes"]}
     assert nodes["agent"]["code"].startswith("sha256:")
@@ -222,11 +253,11 @@ def test_an_empty_app_name_fails_at_once_with_adks_message(tmp_path: Path) -> No
     path = agent / "empty_app.evalset.json"
     path.write_text(json.dumps(evalset))
     store = tmp_path / "store"
-    result = run_cli("run", str(agent), str(path), "--store", str(store), "--json",
+    result = run_inproc("run", str(agent), str(path), "--store", str(store), "--json",
                      env={"EVALSNAP_RETRIES": "2", "EVALSNAP_RETRY_DELAYS": "5,5"})
     out = _ok(result, code=3)
     assert out["agent_calls"] == 0
-    shown = _ok(run_cli("show", out["run_id"], "--store", str(store), "--json"))
+    shown = _ok(run_inproc("show", out["run_id"], "--store", str(store), "--json"))
     (case,) = shown["cases"]
     assert "app_name is required" in case["inference"]["error"]
     assert "Session not found" not in case["inference"]["error"]
@@ -249,7 +280,7 @@ def test_a_bad_evalsnap_identity_entry_is_exit_2_naming_it(tmp_path: Path, name:
     config = json.loads((agent / "test_config.json").read_text())
     config["evalsnapIdentity"], expected = BAD_IDENTITY[name]
     (agent / "test_config.json").write_text(json.dumps(config))
-    result = run_cli("run", str(agent), str(agent / "trip.evalset.json"), "--store",
+    result = run_inproc("run", str(agent), str(agent / "trip.evalset.json"), "--store",
                      str(tmp_path / "store"))
     assert result.code == 2, result.stderr[-2000:]
     assert expected in result.stderr and "Traceback" not in result.stderr
@@ -262,7 +293,7 @@ def test_a_threshold_outside_the_metric_range_is_exit_2(tmp_path: Path, threshol
     agent = copy_project(tmp_path)
     (agent / "test_config.json").write_text(json.dumps(
         {"criteria": {"response_match_score": threshold}}))
-    result = run_cli("run", str(agent), str(agent / "trip.evalset.json"), "--store",
+    result = run_inproc("run", str(agent), str(agent / "trip.evalset.json"), "--store",
                      str(tmp_path / "store"))
     assert result.code == 2, result.stderr[-2000:]
     assert "response_match_score" in result.stderr and "outside the metric's range" in result.stderr

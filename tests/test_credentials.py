@@ -5,7 +5,8 @@ holds credentials (``s3://KEY:SECRET@bucket/p``) is refused before any flow star
 where credentials go instead; credentials given the supported ways (``--storage-option``,
 the environment) stay in the CLI's process. Each test then asks the suite's Prefect server,
 through Prefect's client, whether any flow run's parameters, logs or artifacts hold the
-secret.
+secret. The CLI runs in the test process (:mod:`tests._cli`): its own process adds nothing
+here, and Prefect's records are the suite's server's either way.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests._cli import run_inproc
 from tests.servers import Server, moto_with_bucket
 
 BUCKET = "creds"
@@ -58,11 +59,11 @@ def test_a_store_url_with_credentials_is_refused_before_the_flow(shop_copy, comm
     url = f"s3://AKIAEXAMPLEKEY00000:{secret}@{BUCKET}/p"
     agent, evalset = str(shop_copy), str(shop_copy / "shop.evalset.json")
     if command == "run":
-        result = run_cli("run", agent, evalset, "--store", url, "--json")
+        result = run_inproc("run", agent, evalset, "--store", url, "--json")
     elif command == "rescore":
-        result = run_cli("rescore", "latest", "--store", url, "--json")
+        result = run_inproc("rescore", "latest", "--store", url, "--json")
     else:  # EVALSNAP_STORE holds the URL
-        result = run_cli("run", agent, evalset, "--json", env={"EVALSNAP_STORE": url})
+        result = run_inproc("run", agent, evalset, "--json", env={"EVALSNAP_STORE": url})
     assert result.code == 2, result.stderr[-3000:]
     assert result.stdout == ""
     assert secret not in result.stderr and "AKIAEXAMPLEKEY00000" not in result.stderr
@@ -112,7 +113,7 @@ def test_credentials_given_as_storage_options_stay_out_of_prefect(shop_copy, mot
     url = f"s3://{BUCKET}/p-{uuid.uuid4().hex[:8]}"
     env = {"AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
            "AWS_EC2_METADATA_DISABLED": "true", "AWS_DEFAULT_REGION": "us-east-1"}
-    result = run_cli("run", str(shop_copy), f"{shop_copy / 'shop.evalset.json'}:weather_paris",
+    result = run_inproc("run", str(shop_copy), f"{shop_copy / 'shop.evalset.json'}:weather_paris",
                      "--store", url, "--storage-option", f"endpoint_url={moto.url}",
                      "--storage-option", "key=AKIAEXAMPLEKEY00001",
                      "--storage-option", f"secret={secret}", "--json", env=env)

@@ -3,18 +3,20 @@
 
 A small eval set (three cases of the demo, two code metrics: no judge) keeps every run
 short; each run is the real CLI in the test process (:mod:`tests._cli`) on the session's
-Prefect server."""
+Prefect server. The tests that start from a cold run of it share one (:func:`cold`, its store
+copied per test)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from evalsnap.reports.regressions import compare, gate
 from tests._cli import run_inproc
-from tests.conftest import EVALSET
+from tests.conftest import EVALSET, SHOP, CliResult
 
 CASES = ["weather_paris", "cart_add_two_items", "greeting_then_weather"]
 CRITERIA = {"tool_trajectory_avg_score": 1.0, "response_match_score": 0.5}
@@ -29,6 +31,29 @@ def cli():
 @pytest.fixture
 def small(shop_copy: Path) -> dict[str, Path]:
     """An eval set of three passing cases and a config of two metrics, in the agent's copy."""
+    return _small(shop_copy)
+
+
+@pytest.fixture(scope="module")
+def _small_cold(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path], Path, CliResult]:
+    base = tmp_path_factory.mktemp("small")
+    agent = base / "agents" / "shop_agent"
+    shutil.copytree(SHOP, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    small = _small(agent)
+    store = base / "store"
+    return small, store, _run(run_inproc, small, store, "--json")
+
+
+@pytest.fixture
+def cold(_small_cold, store_dir: Path) -> tuple[dict[str, Path], CliResult]:
+    """``(small, first)``: the module's one agent copy with the small eval set, and its cold
+    run ``first``, whose store is copied to ``store_dir`` (each test adds to its own)."""
+    small, store, first = _small_cold
+    shutil.copytree(store, store_dir)
+    return small, first
+
+
+def _small(shop_copy: Path) -> dict[str, Path]:
     data = json.loads((shop_copy / EVALSET.name).read_text("utf-8"))
     data["eval_cases"] = [c for c in data["eval_cases"] if c["eval_id"] in CASES]
     evalset = shop_copy / "small.evalset.json"
@@ -59,8 +84,8 @@ def _rescore(cli, small, store, evalset, *extra):
                "--store", str(store), "--reuse", *extra)
 
 
-def test_baseline_regressions_fixes_and_fail_on_exit_codes(cli, small, store_dir):
-    first = _run(cli, small, store_dir, "--json")
+def test_baseline_regressions_fixes_and_fail_on_exit_codes(cli, cold, store_dir):
+    small, first = cold
     assert first.code == 0, first.stderr[-3000:]
     assert first.json["full"] is True and "regressions" not in first.json
 
@@ -110,8 +135,8 @@ def test_baseline_regressions_fixes_and_fail_on_exit_codes(cli, small, store_dir
     assert missing.code == 2 and "no-such-run" in missing.stderr
 
 
-def test_diff_fail_on_change_and_nothing_moved(cli, small, store_dir):
-    first = _run(cli, small, store_dir, "--json")
+def test_diff_fail_on_change_and_nothing_moved(cli, cold, store_dir):
+    small, first = cold
     second = _run(cli, small, store_dir, "--reuse", "--json")
     assert first.code == second.code == 0
     a, b = first.json["run_id"], second.json["run_id"]

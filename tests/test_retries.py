@@ -1,14 +1,24 @@
 """Transient model errors are retried by Prefect task retries; permanent ones end as a
-failed inference (exit 3), never a crashed flow."""
+failed inference (exit 3), never a crashed flow. The CLI runs in the test process
+(:mod:`tests._cli`); the demo's failure budget is per import of its models, which is per call
+there as in a new process."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
+
+from tests._cli import run_inproc
 from tests.conftest import EVALSET
 
 FAST_METRICS = ["--metric", "tool_trajectory_avg_score", "--metric", "response_match_score"]
+
+
+@pytest.fixture
+def cli():
+    return run_inproc
 
 
 def _show(cli, store: Path, run_id: str) -> dict:
@@ -18,6 +28,8 @@ def _show(cli, store: Path, run_id: str) -> dict:
 
 
 def test_transient_errors_are_retried_and_attempts_recorded(cli, shop_copy, store_dir):
+    # the one test naming the default runner on the command line: run_inproc runs a call
+    # with --task-runner in a process of its own (tests/_cli.py, _PROCESS_ARGS)
     result = cli("run", str(shop_copy), str(shop_copy / EVALSET.name), "--store", str(store_dir),
                  "--case", "weather_paris", *FAST_METRICS, "--task-runner", "threads", "--json",
                  env={"EVALSNAP_DEMO_AGENT_FAIL_FIRST": "2", "EVALSNAP_RETRIES": "2",

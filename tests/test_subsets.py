@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 
 from evalsnap.records import RunManifest, repo
-from tests.test_fail_on_baseline import _run, cli, small  # noqa: F401 - the fixtures
+from tests.test_fail_on_baseline import _run, _small_cold, cli, cold, small  # noqa: F401 - the fixtures
 
-__all__ = ["cli", "small"]
+__all__ = ["_small_cold", "cli", "cold", "small"]
 
 
-def test_subsets_are_marked_and_never_latest(cli, small, store_dir):  # noqa: F811
-    full = _run(cli, small, store_dir, "--json")
+def test_subsets_are_marked_and_never_latest(cli, cold, store_dir):  # noqa: F811
+    small, full = cold  # the small eval set's cold run, its store copied to store_dir
     assert full.code == 0, full.stderr[-3000:]
     assert full.json["full"] and full.json["coverage"]["missing_cases"] == []
     part = _run(cli, small, store_dir, "--reuse", "--case", "weather_paris", "--metric",
