@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests._cli import run_inproc
-from tests.conftest import run_cli
+from tests.conftest import CliResult, run_cli
 
 PRINTING = textwrap.dedent('''
     import os
@@ -35,11 +37,22 @@ def test_json_stdout_is_one_object_whatever_a_metric_prints(shop_copy: Path, tmp
         "customMetrics": {"noisy": {"codeConfig": {"name": "shop_agent.printing_metrics.prints"},
                                     "version": "1"}}}))
     cases = ["--case", "weather_paris", "--case", "cart_add_two_items"]
-    for env in ({}, {"EVALSNAP_SCORE_POOL_MIN_UNITS": "1", "EVALSNAP_SCORE_PROCESSES": "1"}):
-        # in this process, and in the scoring process Prefect's process pool starts
-        result = run_cli("run", str(shop_copy), str(shop_copy / "shop.evalset.json"),
-                         "--config", str(config), "--store", str(tmp_path / "s"), "--json",
-                         *cases, env=env)
+
+    agents = [shop_copy, tmp_path / "agents2" / "shop_agent"]
+    shutil.copytree(shop_copy, agents[1])
+
+    def run(i: int, env: dict[str, str]) -> CliResult:
+        return run_cli("run", str(agents[i]), str(agents[i] / "shop.evalset.json"),
+                       "--config", str(config), "--store", str(tmp_path / f"s{i}"), "--json",
+                       *cases, env=env)
+
+    # in the CLI's process, and in the scoring process Prefect's process pool starts: two
+    # CLI processes at once (each its own agent copy and store: both score every unit),
+    # their start-ups overlapping
+    envs = ({}, {"EVALSNAP_SCORE_POOL_MIN_UNITS": "1", "EVALSNAP_SCORE_PROCESSES": "1"})
+    with ThreadPoolExecutor(len(envs)) as pool:
+        results = list(pool.map(run, range(len(envs)), envs))
+    for result in results:
         assert result.code == 0, result.stderr[-3000:]
         assert result.json["passed"]  # exactly one JSON line on stdout
         for noise in ("NOISE FROM A METRIC", "MORE NOISE", "RAW NOISE ON FD 1"):

@@ -6,9 +6,10 @@ For each backend (local disk, S3 on moto) one module-scoped scenario:
    killed (SIGKILL to the whole group) as soon as some inference is indexed in the store.
 2. What the killed run left must be sound: no object under its final name is partial (every
    well-named object re-hashes and parses), and no run manifest was published.
-3. ``evalsnap run … --reuse --json`` completes; it reuses exactly the inferences indexed
-   before the kill and calls the agent only for the others (``agent_calls`` equals those
-   cases' calls in an uninterrupted run); its scores equal the uninterrupted run's.
+3. ``evalsnap run … --reuse --json`` (in the test process: :mod:`tests._cli`) completes;
+   it reuses exactly the inferences indexed before the kill and calls the agent only for the
+   others (``agent_calls`` equals those cases' calls in an uninterrupted run); its scores
+   equal the uninterrupted run's.
 4. ``evalsnap verify`` passes.
 
 The uninterrupted reference run (no latency) is shared by both backends.
@@ -33,7 +34,7 @@ import pytest
 from evalsnap.reports.verify import verify_store
 from storage import Store
 from tests._cli import run_inproc
-from tests.conftest import ROOT, SHOP, CliResult, run_cli
+from tests.conftest import ROOT, SHOP, CliResult
 from tests.servers import Server, moto_with_bucket
 
 CASES = ["weather_paris", "weather_two_cities", "cart_add_two_items", "cart_add_then_show",
@@ -139,7 +140,9 @@ def resumed(request: pytest.FixtureRequest, agent: dict[str, Path],
     with _backend(request.param, agent, request) as (url, env, store):
         killed = _kill_midway(_run_args(agent, url), env, store)
         after_kill = verify_store(store)
-        resume = run_cli(*_run_args(agent, url), "--reuse", "--json", env=env)
+        # the kill is what needs a process; the resume runs in this one (tests._cli: it
+        # starts with no memo of any run, as a new process would)
+        resume = run_inproc(*_run_args(agent, url), "--reuse", "--json", env=env)
         verify = run_inproc("verify", "--store", url, env=env)
         yield {"backend": request.param, "url": url, "store": store, "killed": killed,
                "after_kill": after_kill, "resume": resume, "verify": verify}

@@ -69,10 +69,19 @@ def fake_gcs() -> Iterator[Server]:
         server.stop()
 
 
+#: Five of the demo's cases (the count is not the point; more than one inference batch is):
+#: passing ones, a two-turn one, a failing one and the one with an incomplete unit, each with
+#: its own inference fingerprint (so one Prefect cache entry per batch of one case).
+CASES = ["weather_paris", "cart_add_two_items", "cart_add_then_show",
+         "cart_add_wrong_trajectory", "out_of_scope_flight"]
+
+
 def _two_runs(agent: Path, url: str, env: dict[str, str]) -> dict[str, Any]:
     evalset = str(agent / "shop.evalset.json")
-    cold = run_inproc("run", str(agent), evalset, "--store", url, "--json", env=env)
-    warm = run_cli("run", str(agent), evalset, "--store", url, "--json", "--reuse", env=env)
+    cases = [a for c in CASES for a in ("--case", c)]
+    cold = run_inproc("run", str(agent), evalset, "--store", url, "--json", *cases, env=env)
+    warm = run_cli("run", str(agent), evalset, "--store", url, "--json", "--reuse", *cases,
+                   env=env)
     return {"url": url, "env": env, "cold": cold, "warm": warm}
 
 
@@ -136,6 +145,7 @@ def test_objects_manifests_and_task_cache_live_in_the_bucket(runs: dict[str, Any
         runs["cold"].json["run_id"], runs["warm"].json["run_id"]}
     cached = [p for p in fs.find(f"{root}/v1/prefect") if p.rsplit("/", 1)[-1].startswith("infer-")]
     n_cases = len(runs["cold"].json["cases"])
+    assert n_cases == len(CASES)
     from evalsnap import settings
     from evalsnap.pipeline.infer import batches
 
@@ -238,17 +248,23 @@ def test_storage_options_reach_the_scoring_process(agent: Path, moto: Server,
     """`--storage-option` values live in the CLI's process only; the scoring process (Prefect's
     ProcessPoolTaskRunner) gets them from its initializer, or it could not open the bucket."""
     url = f"s3://{BUCKET}/opts-{uuid.uuid4().hex[:8]}"
-    # no AWS_ENDPOINT_URL: only the option says where
+    # no AWS_ENDPOINT_URL: only the option says where (a process of its own: the pool)
     env = _env(EVALSNAP_SCORE_PROCESSES="1", EVALSNAP_SCORE_POOL_MIN_UNITS="0")
+    # two cases (the count is not the point): one passing, one with the demo's designed
+    # NOT_EVALUATED unit and a failure
+    cases = ["weather_paris", "out_of_scope_flight"]
     result = run_inproc("run", str(agent), str(agent / "shop.evalset.json"), "--store", url,
-                     "--storage-option", f"endpoint_url={moto.url}", "--json", env=env)
+                        "--storage-option", f"endpoint_url={moto.url}", "--json",
+                        *[a for c in cases for a in ("--case", c)], env=env)
     assert result.code == 3, result.stderr[-3000:]  # the demo's designed failures, no more
 
     def units(summary: dict[str, Any]) -> dict[tuple[str, str], tuple[Any, ...]]:
         return {(c["eval_id"], m): (u["status"], u["score"], u["complete"])
-                for c in summary["cases"] for m, u in c["metrics"].items()}
+                for c in summary["cases"] if c["eval_id"] in cases
+                for m, u in c["metrics"].items()}
 
     # the same units as the in-process scoring of the same cases (no pool below 200 units)
+    assert {c["eval_id"] for c in result.json["cases"]} == set(cases)
     assert units(result.json) == units(s3_runs["cold"].json)
 
 

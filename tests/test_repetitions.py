@@ -68,6 +68,33 @@ def _run(flaky, *extra: str):
                       "--store", str(flaky["store"]), "--json", *extra)
 
 
+@pytest.fixture(scope="module")
+def five_reps(tmp_path_factory: pytest.TempPathFactory):
+    """One cold ``run --repetitions 5`` (its own copy of the agent, counts from zero), shared:
+    each test that starts from one gets a copy of its store (:func:`after_five`)."""
+    root = tmp_path_factory.mktemp("five-reps") / "agents"
+    shutil.copytree(FIXTURE, root / "flaky_agent")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(root))
+        from flaky_agent import agent
+
+        agent.reset()
+        store = root.parent / "store"
+        r = run_inproc("run", str(root / "flaky_agent"),
+                       str(root / "flaky_agent" / "flaky.evalset.json"),
+                       "--store", str(store), "--json", "--repetitions", "5")
+        calls = agent.calls()
+        agent.reset()
+    return {"result": r, "store": store, "calls": calls}
+
+
+@pytest.fixture
+def after_five(flaky, five_reps):
+    """``flaky`` whose store holds the shared cold run of 5 repetitions; its CliResult."""
+    shutil.copytree(five_reps["store"], flaky["store"])
+    return five_reps["result"]
+
+
 def _aggs(result: dict) -> dict[str, dict]:
     return {a["eval_id"]: a for a in result["aggregates"]}
 
@@ -91,11 +118,12 @@ def _adk_passes(flaky, eval_id: str, num_runs: int) -> bool:
     return True
 
 
-def test_aggregates_statistics_and_adk_gate(flaky, tmp_path: Path):
-    r = _run(flaky, "--repetitions", "5")
+def test_aggregates_statistics_and_adk_gate(flaky, after_five, five_reps, tmp_path: Path):
+    r = after_five  # run --repetitions 5, cold
     assert r.code == 1, r.stderr[-3000:]
     result = r.json
     assert result["agent_calls"] == 20 and result["repetition_gate"] == "mean"
+    assert five_reps["calls"] == 20  # the scripted model saw each of them
     assert not result["passed"] and result["exit_code"] == 1
     aggs = _aggs(result)
     assert set(aggs) == set(PASSES)
@@ -146,8 +174,8 @@ def test_aggregates_statistics_and_adk_gate(flaky, tmp_path: Path):
     assert "3/5 repetitions passed (flaky" in text and text.count("  repetition ") == 5
 
 
-def test_gate_choices_reuse_every_unit(flaky):
-    first = _run(flaky, "--repetitions", "5")
+def test_gate_choices_reuse_every_unit(flaky, after_five):
+    first = after_five  # run --repetitions 5, cold
     assert first.code == 1
     calls = flaky["module"].calls()
     expected = {"every": {"always"}, "rate:0.6": {"always", "mostly"},
@@ -187,8 +215,8 @@ def test_assert_agent_passes_follows_adk_mean_rule(flaky):
     assert "mostly" not in message and "always" not in message  # 3 of 5: mean 0.6 passes
 
 
-def test_more_repetitions_run_only_the_new_ones(flaky):
-    assert _run(flaky, "--repetitions", "5").code == 1
+def test_more_repetitions_run_only_the_new_ones(flaky, after_five):
+    assert after_five.code == 1  # run --repetitions 5, cold
     flaky["module"].reset()
     r = _run(flaky, "--repetitions", "7", "--reuse")
     result = r.json
@@ -204,8 +232,8 @@ def test_more_repetitions_run_only_the_new_ones(flaky):
     assert {a["eval_id"]: a["n"] for a in result["aggregates"]} == dict.fromkeys(PASSES, 7)
 
 
-def test_regressions_are_not_noise(flaky):
-    base = _run(flaky, "--repetitions", "5").json
+def test_regressions_are_not_noise(flaky, after_five):
+    base = after_five.json  # run --repetitions 5, cold
     overrides = flaky["module"].state().override
 
     # tonight the 3-of-5 case drew 2 of 5: a drop, but within noise

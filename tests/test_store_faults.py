@@ -164,24 +164,35 @@ BAD_ENTRIES = {
 }
 
 
-@pytest.mark.parametrize("fault", sorted(BAD_ENTRIES))
-def test_bad_unit_index_entry_counts_as_absent(base: dict[str, Any], fault: str) -> None:
-    store = _copy(base, f"unit-index-{fault.replace(' ', '-')}")
-    metric = "tool_trajectory_avg_score"
-    name = _unit_entry(base, metric)
-    (_refs(store, "index/unit") / name).write_bytes(BAD_ENTRIES[fault])
+#: One metric of the case per kind of bad entry: every kind is planted in one store, and
+#: one --reuse run shows each counts as absent (the other metrics' entries are intact).
+BAD_ENTRY_METRICS = dict(zip(sorted(BAD_ENTRIES), ["tool_trajectory_avg_score",
+                                                   "response_match_score", "final_state_match",
+                                                   "response_mentions_city"], strict=True))
+
+
+def test_bad_unit_index_entries_count_as_absent(base: dict[str, Any]) -> None:
+    store = _copy(base, "unit-index")
+    names = {}
+    for fault, metric in BAD_ENTRY_METRICS.items():
+        names[metric] = _unit_entry(base, metric)
+        (_refs(store, "index/unit") / names[metric]).write_bytes(BAD_ENTRIES[fault])
     verify = run_inproc("verify", "--store", str(store), "--json")
     _typed(verify, 1)
-    [problem] = verify.json["problems"]
-    assert problem["kind"] == "index" and problem["location"].endswith(f"index/unit/{name}")
+    problems = verify.json["problems"]
+    assert len(problems) == len(BAD_ENTRIES), problems
+    for fault, metric in BAD_ENTRY_METRICS.items():
+        found = [p for p in problems if p["location"].endswith(f"index/unit/{names[metric]}")]
+        assert len(found) == 1 and found[0]["kind"] == "index", (fault, problems)
     warm = _run(base["agent"], str(store), "--reuse")
     _typed(warm, 0)
-    assert warm.json["agent_calls"] == 0 and warm.json["scored_units"] == 1
+    assert warm.json["agent_calls"] == 0 and warm.json["scored_units"] == len(BAD_ENTRIES)
     [case] = warm.json["cases"]
     rescored = {m for m, v in case["metrics"].items() if not v["reused"]}
-    assert rescored == {metric}
-    assert case["metrics"][metric]["why"] == "new"
-    # the rescored unit replaced the bad entry
+    assert rescored == set(BAD_ENTRY_METRICS.values())
+    for fault, metric in BAD_ENTRY_METRICS.items():
+        assert case["metrics"][metric]["why"] == "new", fault
+    # the rescored units replaced the bad entries
     _typed(run_inproc("verify", "--store", str(store)), 0)
 
 
@@ -325,11 +336,22 @@ def read_only(base: dict[str, Any], request: pytest.FixtureRequest) -> Iterator[
                    "run_id": base["run_id"]}
             return
         roles = request.getfixturevalue("moto_roles")
-        url = f"s3://evalsnap-readonly/ro-{uuid.uuid4().hex[:8]}"
-        cold = _run(base["agent"], url, env=roles["writer"])
-        assert cold.code == 0, cold.stderr[-3000:]
+        prefix = f"ro-{uuid.uuid4().hex[:8]}"
+        url = f"s3://evalsnap-readonly/{prefix}"
+        # the one-run store, uploaded as is with the writer's role (a bucket store has the
+        # local one's layout under its prefix): no second cold run
+        writer = roles["writer"]
+        import boto3
+
+        client = boto3.client("s3", endpoint_url=roles["server"].url, region_name="us-east-1",
+                              aws_access_key_id=writer["AWS_ACCESS_KEY_ID"],
+                              aws_secret_access_key=writer["AWS_SECRET_ACCESS_KEY"])
+        for path in base["store"].rglob("*"):
+            if path.is_file():
+                client.put_object(Bucket="evalsnap-readonly", Body=path.read_bytes(),
+                                  Key=f"{prefix}/{path.relative_to(base['store']).as_posix()}")
         yield {"url": url, "env": roles["reader"], "refused": "s3:PutObject",
-               "run_id": cold.json["run_id"]}
+               "run_id": base["run_id"]}
     finally:
         _chmod_tree(store, writable=True)
 

@@ -69,7 +69,16 @@ def cold(agent: Path, moto: Server) -> dict[str, Any]:
     res = run_inproc("run", str(agent), str(agent / "shop.evalset.json"), "--store",
                      f"s3://{BUCKET}/{prefix}", "--json", env=env)
     assert res.code == 3, res.stderr[-3000:]  # the demo is incomplete by design
-    return {"prefix": prefix, "env": env, "json": res.json}
+    # a copy of the bucket's store as the cold run left it, for the test that damages it
+    # (before any other test adds a run to the original)
+    copy = f"damage-{uuid.uuid4().hex[:8]}"
+    client = _client(moto)
+    keys = _keys(moto, prefix + "/")
+    for key in keys:
+        client.copy_object(Bucket=BUCKET, Key=copy + key[len(prefix):],
+                           CopySource={"Bucket": BUCKET, "Key": key})
+    assert len(_keys(moto, copy + "/")) == len(keys)
+    return {"prefix": prefix, "env": env, "json": res.json, "copy": copy}
 
 
 def test_a_cold_run_costs_about_one_request_per_object_it_leaves(cold: dict[str, Any],
@@ -101,12 +110,14 @@ def _complete(result: dict[str, Any], key: tuple[str, str]) -> bool:
     return bool(case["metrics"][key[1]]["complete"])
 
 
-def test_damage_in_the_bucket_is_never_reused(agent: Path, moto: Server) -> None:
-    prefix = f"damage-{uuid.uuid4().hex[:8]}"
+def test_damage_in_the_bucket_is_never_reused(cold: dict[str, Any], agent: Path,
+                                             moto: Server) -> None:
+    # the cold run's store, copied in the bucket before anything else used it
+    prefix = cold["copy"]
     url = f"s3://{BUCKET}/{prefix}"
-    env = _env(AWS_ENDPOINT_URL=moto.url)
+    env = cold["env"]
     evalset = str(agent / "shop.evalset.json")
-    first = run_inproc("run", str(agent), evalset, "--store", url, "--json", env=env).json
+    first = cold["json"]
     record = _record(moto, prefix, first["record_id"])
     client = _client(moto)
     units = [u for u in record["units"] if u["metric_name"] == "response_match_score"]
@@ -126,7 +137,9 @@ def test_damage_in_the_bucket_is_never_reused(agent: Path, moto: Server) -> None
     for oid in (damaged_unit["unit_oid"], gone["inference_oid"], pack):
         assert oid.split(":")[1][2:] in found or oid in found, oid
 
-    again = run_cli("run", str(agent), evalset, "--store", url, "--json", "--reuse", env=env)
+    # in this process (tests._cli: no memo of the run before); the no-op rerun above is
+    # the one in a new process
+    again = run_inproc("run", str(agent), evalset, "--store", url, "--json", "--reuse", env=env)
     out = again.json
     reused = _reused(out)
     assert not reused[(damaged_unit["eval_id"], "response_match_score")]
