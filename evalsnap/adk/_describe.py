@@ -61,16 +61,29 @@ def _qualname(obj: Any) -> str:
     return f"{module}.{name}"
 
 
-@functools.cache
+_user_modules: dict[tuple[str, int], bool] = {}
+
+
 def _is_user_module(module: str) -> bool:
-    """Code of the user's project, not of the standard library or an installed package."""
+    """Code of the user's project, not of the standard library or an installed package.
+
+    Memoized per imported module object (its ``id``), never for a name not imported yet: a
+    long-lived process (the Python API) that imports, edits and re-imports an agent package
+    must not keep an answer given before the package was there."""
     top = module.split(".")[0]
     if not top or top in sys.stdlib_module_names or top in ("builtins", "__main__"):
         return top == "__main__"
     mod = sys.modules.get(top)
-    files = [getattr(mod, "__file__", None), *list(getattr(mod, "__path__", []) or [])]
-    paths = [Path(os.path.realpath(f)) for f in files if f]
-    return bool(paths) and not any({"site-packages", "dist-packages"} & set(p.parts) for p in paths)
+    if mod is None:
+        return False
+    key = (top, id(mod))
+    known = _user_modules.get(key)
+    if known is None:
+        files = [getattr(mod, "__file__", None), *list(getattr(mod, "__path__", []) or [])]
+        paths = [Path(os.path.realpath(f)) for f in files if f]
+        known = _user_modules[key] = bool(paths) and not any(
+            {"site-packages", "dist-packages"} & set(p.parts) for p in paths)
+    return known
 
 
 def _user_code(obj: Any) -> bool:
