@@ -298,3 +298,23 @@ def test_a_threshold_outside_the_metric_range_is_exit_2(tmp_path: Path, threshol
     assert result.code == 2, result.stderr[-2000:]
     assert "response_match_score" in result.stderr and "outside the metric's range" in result.stderr
     assert "[0, 1]" in result.stderr
+
+
+def test_one_process_runs_the_agent_it_fingerprinted(tmp_path: Path) -> None:
+    """Two runs in one process (the Python API's case), the agent edited between them: the
+    second run's inference is made by the edited agent and explained as such (an earlier run's
+    agent, kept by the process, once ran under the new key)."""
+    from tests._cli import run_inproc
+
+    agent = copy_project(tmp_path)
+    env = {"CONCIERGE_USAGE_LOG": str(tmp_path / "usage.jsonl")}
+    args = ("run", str(agent), str(agent / "trip.evalset.json"), "--store", str(tmp_path / "s"),
+            "--json", "--reuse")
+    _ok(run_inproc(*args, env=env))
+    source = agent / "agent.py"
+    source.write_text(source.read_text().replace('f"Plan a trip for', 'f"Plan a journey for'))
+    second = _ok(run_inproc(*args, env=env))
+    assert second["agent_calls"] == 3
+    explained = _ok(run_inproc("explain", second["run_id"], "--store", str(tmp_path / "s"),
+                               "--json"))
+    assert "planner.instruction code" in explained["agent_changes"], explained["agent_changes"]

@@ -11,7 +11,6 @@ again a case that failed in a way no retry fixes.
 from __future__ import annotations
 
 import asyncio
-import functools
 import threading
 from typing import Any
 
@@ -63,12 +62,34 @@ class InferBatch(BaseModel):
         return first if len(self.items) == 1 else f"{first} … {last} ({len(self.items)})"
 
 
-@functools.lru_cache(maxsize=8)
+_agents: dict[tuple[str, str | None, str | None], LoadedAgent] = {}
+_MAX_AGENTS = 8
+
+
 def agent_at(agent_dir: str, agent_name: str | None = None,
              framework: str | None = None) -> LoadedAgent:
     """The agent package, imported once per process (trusted live code, as in ADK: every
-    process that runs or scores for it imports it, so what it registers is there)."""
-    return load_agent(agent_dir, agent_name=agent_name, framework=framework)
+    process that runs or scores for it imports it, so what it registers is there). In the
+    process that planned the run it is the very agent the plan fingerprinted
+    (:func:`use_agent`), never one loaded by an earlier run of a long-lived process."""
+    key = (agent_dir, agent_name, framework)
+    with _lock:
+        known = _agents.get(key)
+    if known is not None:
+        return known
+    return use_agent(load_agent(agent_dir, agent_name=agent_name, framework=framework),
+                     agent_dir, agent_name, framework)
+
+
+def use_agent(agent: LoadedAgent, agent_dir: str, agent_name: str | None = None,
+              framework: str | None = None) -> LoadedAgent:
+    """Makes ``agent`` the one :func:`agent_at` hands out for these arguments."""
+    with _lock:
+        _agents.pop((agent_dir, agent_name, framework), None)
+        while len(_agents) >= _MAX_AGENTS:
+            _agents.pop(next(iter(_agents)))
+        _agents[(agent_dir, agent_name, framework)] = agent
+    return agent
 
 
 _lock = threading.Lock()

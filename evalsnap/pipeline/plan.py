@@ -24,7 +24,7 @@ from evalsnap.fingerprint import inference_fingerprint, unit_fingerprint
 from evalsnap.gates import check_gate
 from evalsnap.pipeline import progress, reuse
 from evalsnap.pipeline.freeze import FreezeRequest
-from evalsnap.pipeline.infer import InferBatch, InferItem, batches
+from evalsnap.pipeline.infer import InferBatch, InferItem, batches, use_agent
 from evalsnap.pipeline.outcomes import InferenceOutcome, UnitOutcome
 from evalsnap.pipeline.publish import PublishRequest
 from evalsnap.pipeline.score import ScoreRequest
@@ -243,6 +243,8 @@ def plan_runs(agent_dir: str, evalsets: str | list[str], config: str | None, sto
     # The agent package is trusted live code, as in ADK: imported before the config is
     # resolved, so that models and evaluators it registers are there for the config.
     agent = load_agent(agent_dir, agent_name=agent_name, framework=framework)
+    # the inference tasks of this process run exactly this agent, the one fingerprinted here
+    use_agent(agent, str(agent.path), agent_name, framework)
     configs: dict[Path | None, LoadedConfig] = {}
     for target in targets:
         if target.config_path not in configs:
