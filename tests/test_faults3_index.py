@@ -21,17 +21,12 @@ import pytest
 
 from evalsnap.records import RunManifest, repo
 from tests._cli import run_inproc
-from tests.conftest import SHOP
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    root = tmp_path_factory.mktemp("faults3-index")
-    agent = root / "shop_agent"
-    shutil.copytree(SHOP, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
-    store = root / "store"
-    cold = run_inproc("run", str(agent), str(agent / "shop.evalset.json"), "--store", str(store),
-                      "--json")
+def world(tmp_path_factory: pytest.TempPathFactory, golden_demo: Any) -> dict[str, Any]:
+    """A copy of the session's cold demo run (tests/_golden.py)."""
+    agent, store, cold = golden_demo.copy(tmp_path_factory.mktemp("faults3-index"))
     assert cold.code == 3, cold.stderr[-3000:]
     return {"agent": agent, "store": store, "cold": cold.json}
 
