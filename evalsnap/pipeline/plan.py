@@ -47,7 +47,7 @@ class Plan:
     """``adk`` or ``langgraph`` when forced; None: detected from the package."""
     repetitions: int = 1
     repetition_gate: str = "mean"
-    """How repetitions are gated (:mod:`evalsnap.reports.aggregates`); recorded in coverage."""
+    """How repetitions are gated (:mod:`evalsnap.aggregates`); recorded in coverage."""
     metric_names: list[str] = field(default_factory=list)
     case_ids: list[str] = field(default_factory=list)
     sys_paths: list[str] = field(default_factory=list)
