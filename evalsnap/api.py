@@ -13,15 +13,17 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from evalsnap import errors, settings
+from evalsnap.exitcodes import FailOn
 from evalsnap.records.record import TokenCounts
+from evalsnap.spec import RunSpec
 
-__all__ = ["CaseResult", "MetricResult", "RecordResult", "RunResult", "Tokens",
-           "check_store_url", "evaluate", "rescore", "run_flow"]
+__all__ = ["CaseResult", "MetricResult", "RecordResult", "RunResult", "RunSpec", "Tokens",
+           "check_store_url", "evaluate", "rescore", "run", "run_spec"]
 
 
 class MetricResult(BaseModel):
@@ -149,11 +151,16 @@ class RunResult(BaseModel):
         return lines
 
 
-def run_flow(flow_fn: Any, *, storage_options: dict[str, str] | None = None,
-             progress: contextlib.AbstractContextManager[Any] | None = None,
-             **params: Any) -> dict[str, Any]:
-    """Runs a flow in this process, on the server ``PREFECT_API_URL`` names (else on
-    Prefect's own temporary local API); returns its result (the ``--json`` object).
+def run(spec: RunSpec, *, storage_options: dict[str, str] | None = None) -> RunResult:
+    """Runs what ``spec`` asks (a run or a rescore) and returns its result: what
+    :func:`evaluate` and :func:`rescore` do once they have built their spec."""
+    return RunResult.model_validate(run_spec(spec, storage_options=storage_options))
+
+
+def run_spec(spec: RunSpec, *, storage_options: dict[str, str] | None = None,
+             progress: contextlib.AbstractContextManager[Any] | None = None) -> dict[str, Any]:
+    """Runs the flow of ``spec`` in this process, on the server ``PREFECT_API_URL`` names
+    (else on Prefect's own temporary local API); returns its result (the ``--json`` object).
 
     It leaves the caller's process as it found it: no logger, warning filter, environment
     variable or signal handler is changed (the command line does its own start-up in
@@ -162,15 +169,19 @@ def run_flow(flow_fn: Any, *, storage_options: dict[str, str] | None = None,
     from evalsnap.pipeline.runners import resolve_runner
     from evalsnap.records import repo
 
-    check_store_url(params["store"])
-    params["task_runner"], params["dask_address"] = resolve_runner(params.get("task_runner"),
-                                                                   params.get("dask_address"))
-    repo.configure_store(params["store"], storage_options or {})
+    check_store_url(spec.store)
+    task_runner, dask_address = resolve_runner(spec.task_runner, spec.dask_address)
+    spec = spec.model_copy(update={"task_runner": task_runner, "dask_address": dask_address})
+    repo.configure_store(spec.store, storage_options or {})
+    if spec.kind == "rescore":
+        from flows.rescore import rescore as flow_fn
+    else:
+        from flows.evaluate import evaluate as flow_fn
     from prefect import settings as prefect_settings
 
     heartbeat = getattr(prefect_settings, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY", None)
     with progress or contextlib.nullcontext(), _no_heartbeat(prefect_settings, heartbeat):
-        return flow_result(flow_fn(**params, return_state=True))
+        return flow_result(flow_fn(**spec.flow_parameters(), return_state=True))
 
 
 #: ``scheme://user:password@`` or ``scheme://user@`` — credentials written into a URL (a
@@ -232,25 +243,26 @@ def evaluate(agent_dir: str, evalset: str | list[str], *, config: str | None = N
              agent_name: str | None = None, initial_session_file: str | None = None,
              concurrency: int = 8, task_runner: str | None = None,
              dask_address: str | None = None, baseline: str | None = None,
-             tolerance: float = 0.0, fail_on: str = "quality",
-             framework: str | None = None) -> RunResult:
+             tolerance: float = 0.0, fail_on: FailOn = "quality",
+             framework: Literal["adk", "langgraph"] | None = None, repetition_gate: str = "mean",
+             alpha: float = 0.05) -> RunResult:
     """``evalsnap run`` as a function: runs the agent, freezes, scores, publishes.
 
     ``evalset`` takes what the command line takes (a file, ``FILE:ID,ID``, an eval set id
     of the agent, a directory of ``*.test.json`` files, or a list of them). ``baseline``
     (a run or record id, or ``latest``) adds regressions and fixes; ``fail_on`` sets
-    ``exit_code`` as ``--fail-on`` does (the result is returned either way).
+    ``exit_code`` as ``--fail-on`` does (the result is returned either way). The other
+    arguments are the fields of :class:`~evalsnap.spec.RunSpec` of the same names.
     """
-    from flows.evaluate import evaluate as evaluate_flow
-
-    return RunResult.model_validate(run_flow(
-        evaluate_flow, storage_options=storage_options, agent_dir=str(agent_dir),
-        evalset=evalset, config=config, store=store or settings.get().store, reuse=reuse,
-        force=force, metrics=metrics, cases=cases, repetitions=repetitions,
-        concurrency=concurrency, task_runner=task_runner, dask_address=dask_address,
-        agent_name=agent_name, initial_session_file=initial_session_file,
-        baseline=baseline or "", tolerance=tolerance, fail_on=fail_on,
-        framework=framework or ""))
+    return run(RunSpec(
+        kind="run", agent_dir=str(agent_dir),
+        evalsets=[str(e) for e in ([evalset] if isinstance(evalset, str) else evalset)],
+        config=config, store=store or settings.get().store, reuse=reuse, force=force,
+        metrics=metrics, cases=cases, repetitions=repetitions, concurrency=concurrency,
+        task_runner=task_runner, dask_address=dask_address, agent_name=agent_name,
+        initial_session_file=initial_session_file, baseline=baseline, tolerance=tolerance,
+        fail_on=fail_on, framework=framework or None, repetition_gate=repetition_gate,
+        alpha=alpha), storage_options=storage_options)
 
 
 def rescore(run_or_snapshot: str, *, evalset: str | None = None, config: str | None = None,
@@ -260,15 +272,14 @@ def rescore(run_or_snapshot: str, *, evalset: str | None = None, config: str | N
             agent: str | None = None, agent_name: str | None = None, concurrency: int = 8,
             task_runner: str | None = None, dask_address: str | None = None,
             baseline: str | None = None, tolerance: float = 0.0,
-            fail_on: str = "quality") -> RunResult:
+            fail_on: FailOn = "quality", repetition_gate: str = "mean",
+            alpha: float = 0.05) -> RunResult:
     """``evalsnap rescore`` as a function: scores frozen inference again; never calls the
     agent (``baseline`` and ``fail_on`` as for :func:`evaluate`)."""
-    from flows.rescore import rescore as rescore_flow
-
-    return RunResult.model_validate(run_flow(
-        rescore_flow, storage_options=storage_options, run_or_snapshot=run_or_snapshot,
-        evalset=evalset, config=config, store=store or settings.get().store, reuse=reuse,
-        force=force, metrics=metrics, cases=cases, code_paths=code_paths, agent=agent,
+    return run(RunSpec(
+        kind="rescore", source=run_or_snapshot, evalsets=[evalset] if evalset else [],
+        config=config, store=store or settings.get().store, reuse=reuse, force=force,
+        metrics=metrics, cases=cases, code_paths=list(code_paths or []), agent_dir=agent,
         agent_name=agent_name, concurrency=concurrency, task_runner=task_runner,
-        dask_address=dask_address, baseline=baseline or "", tolerance=tolerance,
-        fail_on=fail_on))
+        dask_address=dask_address, baseline=baseline, tolerance=tolerance, fail_on=fail_on,
+        repetition_gate=repetition_gate, alpha=alpha), storage_options=storage_options)

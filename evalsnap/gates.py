@@ -1,5 +1,5 @@
 """The repetition gate's names (``--repetition-gate``): checked by the plan before any model
-call, applied by :mod:`evalsnap.reports.aggregates`."""
+call, applied by :mod:`evalsnap.aggregates`."""
 
 from __future__ import annotations
 

@@ -9,22 +9,21 @@ from prefect.runtime import flow_run
 from pydantic import Field, WithJsonSchema
 
 from evalsnap.pipeline import hints, runners
-from evalsnap.pipeline.plan import Plan, RunOptions, plan_runs
+from evalsnap.pipeline.plan import Plan, plan_runs
 from evalsnap.records import repo
 from evalsnap.records.repo import run_scope
 from evalsnap.reports.artifacts import RunProgress
 from evalsnap.reports.regressions import FailOn
 from evalsnap.reports.suite import combined
+from evalsnap.spec import RunOptions, RunSpec
 from tasks import freeze_task, publish_task, run_inference, run_scoring, scoring_pool
 from tasks.support import (
     Names,
     Text,
-    absolute,
-    absolute_evalset,
     as_data,
     finish,
-    names,
     rename_flow_run,
+    resolved,
     run_name,
     tag_flow_run,
     with_parameter_docs,
@@ -117,23 +116,15 @@ def evaluate(
 ) -> Any:
     """Runs the agent on every case, freezes a snapshot, scores each metric, publishes:
     one record per eval set; the flow run ends Failed when ``fail_on`` says so."""
-    specs = [absolute_evalset(e) for e in ([evalset] if isinstance(evalset, str) else evalset)]
-    with run_scope(store):  # what the run learns of the store ends with it
-        plans = plan_runs(absolute(agent_dir), specs[0] if len(specs) == 1 else specs,
-                          absolute(config) or None, store, names(metrics), names(cases), repetitions,
-                          agent_name or None, absolute(initial_session_file) or None,
-                          baseline=baseline, tolerance=tolerance, framework=framework or None,
-                          repetition_gate=repetition_gate, alpha=alpha)
+    spec = resolved(RunSpec.of_flow("run", **locals()))  # the parameters, and nothing else yet
+    with run_scope(spec.store):  # what the run learns of the store ends with it
+        plans = plan_runs(spec)
         tag_flow_run("evalsnap", *(f"evalset:{p.eval_set.eval_set_id}" for p in plans))
         rename_flow_run(_evalset_label([p.eval_set.eval_set_id for p in plans]),
                         all(p.coverage().full for p in plans))
-        results = []
-        runner_name = None if task_runner == "default" else task_runner
-        with runners.task_runner_scope(runner_name, dask_address or None) as runner:
-            for plan in plans:
-                run = RunOptions(kind="run", reuse=reuse, force=force, concurrency=concurrency)
-                results.append(_evaluate(plan, run, runner))
-        return finish(combined(results), fail_on, plans[0].store_url)
+        with runners.task_runner_scope(spec.task_runner, spec.dask_address) as runner:
+            results = [_evaluate(plan, spec.run_options(), runner) for plan in plans]
+        return finish(combined(results), spec.fail_on, plans[0].store_url)
 
 
 def _evaluate(plan: Plan, run: RunOptions, runner: str) -> dict[str, Any]:

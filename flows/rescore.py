@@ -10,11 +10,12 @@ from prefect.runtime import flow_run
 from pydantic import Field
 
 from evalsnap.pipeline import hints, runners
-from evalsnap.pipeline.plan import RunOptions, plan_rescore
+from evalsnap.pipeline.plan import plan_rescore
 from evalsnap.records import repo
 from evalsnap.records.repo import run_scope
 from evalsnap.reports.artifacts import RunProgress
 from evalsnap.reports.regressions import FailOn
+from evalsnap.spec import RunSpec
 from flows.evaluate import (
     ALPHA_HELP,
     BASELINE_HELP,
@@ -29,11 +30,10 @@ from tasks import freeze_task, publish_task, run_scoring
 from tasks.support import (
     Names,
     Text,
-    absolute,
     as_data,
     finish,
-    names,
     rename_flow_run,
+    resolved,
     run_name,
     tag_flow_run,
     with_parameter_docs,
@@ -90,29 +90,25 @@ def rescore(
 ) -> Any:
     """Never calls the agent: freezes the earlier inference with the given references and
     rules; the flow run ends Failed when ``fail_on`` says so."""
-    evalset, config, agent = absolute(evalset), absolute(config), absolute(agent)
-    paths = [absolute(p) for p in names(code_paths) or []]
-    if not paths and (evalset or config):
+    spec = resolved(RunSpec.of_flow("rescore", **locals()))  # the parameters, nothing else yet
+    if not spec.code_paths and (spec.evalsets or spec.config):
         # As the CLI does: custom metrics live in the agent package beside the eval set or
         # config, so its parent is the import root (a UI user sets no code paths).
-        paths = [str(Path(evalset or config).parent.parent)]
-    with run_scope(store):  # what the run learns of the store ends with it
-        plan = plan_rescore(run_or_snapshot, store, evalset or None, config or None, names(metrics),
-                            names(cases), paths, agent or None, agent_name or None,
-                            baseline=baseline, tolerance=tolerance,
-                            repetition_gate=repetition_gate, alpha=alpha)
-        run = RunOptions(kind="rescore", reuse=reuse, force=force, concurrency=concurrency)
+        first = spec.evalsets[0] if spec.evalsets else str(spec.config)
+        spec = spec.model_copy(update={"code_paths": [str(Path(first).parent.parent)]})
+    with run_scope(spec.store):  # what the run learns of the store ends with it
+        plan = plan_rescore(spec)
+        run = spec.run_options()
         tag_flow_run("evalsnap", f"evalset:{plan.eval_set.eval_set_id}")
         rename_flow_run(f"rescore-{plan.eval_set.eval_set_id}", plan.coverage().full)
         progress = RunProgress(len(plan.metric_names) + 1,
                                f"{plan.eval_set.eval_set_id}: rescoring, publish")
-        with runners.task_runner_scope(None if task_runner == "default" else task_runner,
-                                       dask_address or None):
-            if reuse and not force:  # prove in bulk what the previous record implies
+        with runners.task_runner_scope(spec.task_runner, spec.dask_address):
+            if run.reuse and not run.force:  # prove in bulk what the previous record implies
                 hints.prime(repo.open_store(plan.store_url), plan.eval_set.eval_set_id)
             outcomes = plan.source_outcomes  # the frozen inference: the agent is never called
             snapshot_oid = freeze_task(as_data(plan.freeze_request(outcomes)))
             units = run_scoring(plan.score_requests(run, snapshot_oid), progress)
             result = publish_task(as_data(plan.publish_request(run, snapshot_oid, outcomes, units)))
         progress.advance()  # published
-        return finish(result, fail_on, plan.store_url)
+        return finish(result, spec.fail_on, plan.store_url)

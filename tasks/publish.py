@@ -1,7 +1,9 @@
-"""Publish task: record, manifest last, then Prefect artifacts (a view of the record)."""
+"""Publish task: record, manifest last (the commit); then the record's views: the HTML page
+beside it and the Prefect artifacts."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from prefect import task
@@ -9,7 +11,10 @@ from prefect import task
 from evalsnap.pipeline.publish import PublishRequest, publish_request
 from evalsnap.records import repo
 from evalsnap.reports.artifacts import publish_artifacts
+from evalsnap.reports.html import store_report
 from evalsnap.reports.summary import summary
+
+logger = logging.getLogger(__name__)
 
 
 @task(name="publish", persist_result=False)
@@ -17,6 +22,12 @@ def publish_task(request: PublishRequest) -> dict[str, Any]:
     """Publishes the run; returns its summary (the ``--json`` object)."""
     record_oid, record = publish_request(request)
     store = repo.open_store(request.store_url)
+    # Presentation after the commit: a signal waits only for the commit, and a page that
+    # could not be written is written again by `evalsnap report RECORD` at any time.
+    try:  # the HTML report beside the record (v1/refs/reports/<record hex>.html)
+        store_report(store, record_oid, record)
+    except Exception as exc:  # noqa: BLE001 - a view of the record must not lose the run
+        logger.warning("could not write the HTML report of record %s: %s", record_oid, exc)
     result = summary(store, record_oid, record)
     # what a bucket bills this run for, by kind (this process's requests: the flow's)
     result["store_requests"] = store.requests.snapshot()

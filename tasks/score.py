@@ -13,9 +13,10 @@ from prefect import task
 from evalsnap import settings
 from evalsnap.pipeline import reuse
 from evalsnap.pipeline.outcomes import UnitOutcome
-from evalsnap.pipeline.plan import Plan, RunOptions
+from evalsnap.pipeline.plan import Plan
 from evalsnap.pipeline.score import ScoreRequest, score_metric, units_lost
 from evalsnap.records import repo
+from evalsnap.spec import RunOptions
 from tasks.support import cached, wait_tracked
 
 

@@ -192,6 +192,19 @@ def absolute_evalset(spec: str) -> str:
     return spec
 
 
+def resolved(spec: Any) -> Any:
+    """A flow's :class:`~evalsnap.spec.RunSpec` with its paths resolved against the flow
+    run's working directory (:func:`absolute`), so every error names the resolved path."""
+    def path(value: str | None) -> str | None:
+        return absolute(value) or None if value else None
+
+    return spec.model_copy(update={
+        "agent_dir": path(spec.agent_dir), "config": path(spec.config),
+        "initial_session_file": path(spec.initial_session_file),
+        "evalsets": [absolute_evalset(e) for e in spec.evalsets],
+        "code_paths": [absolute(p) for p in spec.code_paths]})
+
+
 # ---- the run's outcome: its name, its events and its final state ---------------------------
 
 #: The end of the names evalsnap generates: ``…-20261201-020003-a1f3``.

@@ -118,12 +118,6 @@ def test_a_usage_error_stays_2_and_a_quality_verdict_is_not_a_crash(cli, tmp_pat
 #: Calls that end a process or a command with a code.
 _ENDINGS = {"Exit", "exit", "_exit", "leave_now"}
 #: Places outside exitcodes.py known to spell a code out, each owned by an open change.
-KNOWN_LITERALS = {
-    "evalsnap/cli/store.py": "verify's `typer.Exit(0 if report.ok else 1)` (owned by another "
-                             "engineer): should be exitcodes.exit_code(exitcodes.Findings(...))",
-}
-
-
 def _literal_codes(path: Path, root: Path) -> list[str]:
     """``file:line`` of each ending call given a non-zero integer literal (``Exit(1)``,
     ``Exit(0 if ok else 1)``); 0 for a process that has nothing to report is allowed."""
@@ -150,14 +144,7 @@ def _violations(root: Path = ROOT) -> dict[str, list[str]]:
 
 
 def test_no_exit_code_is_spelled_out_outside_the_policy():
-    unknown = {f: hits for f, hits in _violations().items() if f not in KNOWN_LITERALS}
-    assert unknown == {}, "exit codes decided outside evalsnap/exitcodes.py"
-
-
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=r))
-                                  for p, r in KNOWN_LITERALS.items()])
-def test_known_literal_codes_are_gone(path):
-    assert path not in _violations()
+    assert _violations() == {}, "exit codes decided outside evalsnap/exitcodes.py"
 
 
 def test_the_finder_finds_a_literal(tmp_path: Path):

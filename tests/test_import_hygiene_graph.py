@@ -24,9 +24,6 @@ KNOWN = {
     frozenset({"evalsnap.adk", "evalsnap.langgraph"}):
         "issue 26 item 4: the framework lanes call each other (adk/agent.py, adk/inference.py "
         "import evalsnap.langgraph; langgraph/* imports evalsnap.adk)",
-    frozenset({"evalsnap.pipeline", "evalsnap.reports"}):
-        "issue 26 item 6: the HTML report is rendered inside the commit (pipeline/publish.py "
-        "imports evalsnap.reports.html; reports/replay.py runs pipeline's judge code)",
 }
 
 

@@ -19,6 +19,7 @@ from rich.markup import escape
 from evalsnap import errors, exitcodes
 from evalsnap.records import repo
 from evalsnap.reports.summary import score_table, summary
+from evalsnap.spec import RunSpec
 
 app: typer.Typer = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Auditable, reusable evaluations of Google ADK agents.")
@@ -175,27 +176,27 @@ def _metrics_in(config: str | None, evalset: str | list[str] | None) -> list[str
     return [str(name) for name in criteria] if isinstance(criteria, dict) else []
 
 
-def _run_flow(flow_fn: Any, preload: list[str], storage_option: list[str] | None,
-              progress: bool, **params: Any) -> dict[str, Any]:
-    """Runs a flow in this process (:func:`evalsnap.api.run_flow`); returns its summary.
-    SIGINT, SIGTERM and SIGHUP stop it within seconds (:mod:`evalsnap.cli.signals`)."""
+def _run_spec(spec: RunSpec, preload: list[str], storage_option: list[str] | None,
+              progress: bool) -> dict[str, Any]:
+    """Runs the flow of ``spec`` in this process (:func:`evalsnap.api.run_spec`); returns its
+    summary. SIGINT, SIGTERM and SIGHUP stop it within seconds (:mod:`evalsnap.cli.signals`)."""
     from evalsnap.api import check_store_url
     from evalsnap.cli.signals import run_stoppable
 
-    check_store_url(params["store"])  # before the temporary API is waited for
-    return run_stoppable(_in_this_process, flow_fn, preload,
+    check_store_url(spec.store)  # before the temporary API is waited for
+    return run_stoppable(_in_this_process, spec, preload,
                          storage_options=_storage_options(storage_option),
-                         progress=_progress(progress), **params)
+                         progress=_progress(progress))
 
 
-def _in_this_process(flow_fn: Any, preload: list[str], **kwargs: Any) -> dict[str, Any]:
+def _in_this_process(spec: RunSpec, preload: list[str], **kwargs: Any) -> dict[str, Any]:
     """The CLI's own part of a flow run: its console (ADK's warnings and Prefect's tracebacks
     of typed errors, which the CLI prints once itself, kept off stderr), and the start-up
     work that overlaps the temporary API's start (:mod:`evalsnap.startup`)."""
     import logging
 
     from evalsnap import startup
-    from evalsnap.api import run_flow
+    from evalsnap.api import run_spec
 
     logging.getLogger("google_adk").setLevel(logging.ERROR)
     flow_runs = logging.getLogger("prefect.flow_runs")
@@ -208,7 +209,7 @@ def _in_this_process(flow_fn: Any, preload: list[str], **kwargs: Any) -> dict[st
     startup.preload_flow_engine()
     startup.preload(preload)
     startup.wait_for_ephemeral_api()
-    return run_flow(flow_fn, **kwargs)
+    return run_spec(spec, **kwargs)
 
 
 class _TypedErrorsPrintedOnce:
@@ -240,18 +241,16 @@ def _stdout_kept_for_json(enabled: bool) -> Iterator[None]:
         os.close(saved)
 
 
-def _flow_command(flow_fn: Any, storage_option: list[str] | None, as_json: bool,
-                  **params: Any) -> None:
+def _flow_command(spec: RunSpec, storage_option: list[str] | None, as_json: bool) -> None:
     """Runs a flow command: the flow, its summary printed, the exit code of its gate."""
     from evalsnap.cli.signals import result_printed
 
     with _handled(), _stdout_kept_for_json(as_json):
         # With --reuse (and no --force) most units usually come from earlier runs, and
         # preloading only competes with the run for the interpreter.
-        preload = (_metrics_in(params["config"], params["evalset"])
-                   if params["force"] or not params["reuse"] else [])
-        result = _run_flow(flow_fn, preload, storage_option, not as_json and err.is_terminal,
-                           **params)
+        preload = (_metrics_in(spec.config, spec.evalsets)
+                   if spec.force or not spec.reuse else [])
+        result = _run_spec(spec, preload, storage_option, not as_json and err.is_terminal)
     _emit(result, as_json)
     code = int(result["exit_code"])
     result_printed(code)  # from now on a signal ends the process with the printed code
@@ -290,16 +289,13 @@ def run(
     as_json: JsonOpt = False,
 ) -> None:
     """Run the agent on every case, freeze, score, publish (one record per eval set)."""
-    from flows.evaluate import evaluate
-
-    _flow_command(evaluate, storage_option, as_json, agent_dir=agent_dir,
-                  evalset=evalset[0] if len(evalset) == 1 else evalset,
-                  config=config, store=store, reuse=reuse, force=force, metrics=metric,
-                  cases=case, repetitions=repetitions, task_runner=task_runner,
-                  dask_address=dask_address, agent_name=agent_name,
-                  initial_session_file=initial_session_file, baseline=baseline or "",
-                  tolerance=tolerance, fail_on=fail_on, framework=framework or "",
-                  repetition_gate=repetition_gate, alpha=alpha)
+    _flow_command(RunSpec(
+        kind="run", agent_dir=agent_dir, evalsets=evalset, config=config, store=store,
+        reuse=reuse, force=force, metrics=metric, cases=case, repetitions=repetitions,
+        task_runner=task_runner, dask_address=dask_address, agent_name=agent_name,
+        initial_session_file=initial_session_file, baseline=baseline, tolerance=tolerance,
+        fail_on=fail_on, framework=framework, repetition_gate=repetition_gate, alpha=alpha),
+        storage_option, as_json)
 
 
 @app.command()
@@ -327,18 +323,17 @@ def rescore(
     as_json: JsonOpt = False,
 ) -> None:
     """Score frozen inference again with new references or rules; never calls the agent."""
-    from flows.rescore import rescore as rescore_flow
-
     paths = list(code_path or [])
     if evalset and not paths:
         # custom metrics usually live in the agent package beside the eval set
         paths = [os.path.dirname(os.path.dirname(os.path.abspath(evalset)))]
-    _flow_command(rescore_flow, storage_option, as_json, run_or_snapshot=run_or_snapshot,
-                  evalset=evalset, config=config, store=store, reuse=reuse, force=force,
-                  metrics=metric, cases=case, code_paths=paths, task_runner=task_runner,
-                  dask_address=dask_address, agent=agent, agent_name=agent_name,
-                  baseline=baseline or "", tolerance=tolerance, fail_on=fail_on,
-                  repetition_gate=repetition_gate, alpha=alpha)
+    _flow_command(RunSpec(
+        kind="rescore", source=run_or_snapshot, evalsets=[evalset] if evalset else [],
+        config=config, store=store, reuse=reuse, force=force, metrics=metric, cases=case,
+        code_paths=paths, task_runner=task_runner, dask_address=dask_address,
+        agent_dir=agent, agent_name=agent_name, baseline=baseline, tolerance=tolerance,
+        fail_on=fail_on, repetition_gate=repetition_gate, alpha=alpha),
+        storage_option, as_json)
 
 
 @app.command()

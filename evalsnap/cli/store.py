@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from evalsnap import exitcodes
 from evalsnap.cli import (
     JsonOpt,
     OptionOpt,
@@ -44,7 +45,7 @@ def verify(
                       soft_wrap=True)
         out.print("ok: nothing wrong" if report.ok else
                   f"{len(report.findings)} problem(s) found", highlight=False)
-    raise typer.Exit(0 if report.ok else 1)
+    raise typer.Exit(exitcodes.exit_code(exitcodes.Findings(found=not report.ok)))
 
 
 @app.command()

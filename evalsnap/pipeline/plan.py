@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from google.adk.evaluation.eval_set import EvalSet
-from pydantic import BaseModel, ConfigDict
-from pydantic import Field as PydanticField
 
 from evalsnap import settings
 from evalsnap.adk.agent import LoadedAgent, ensure_importable, load_agent
 from evalsnap.adk.config import LoadedConfig, load_config, resolve_config
 from evalsnap.adk.evalset import load_eval_set, load_initial_session
-from evalsnap.adk.inference import now_iso
 from evalsnap.adk.targets import EvalTarget, default_config_path, resolve_targets
 from evalsnap.errors import ConfigError, InputFileError, NotFoundError, UsageError
 from evalsnap.fingerprint import inference_fingerprint, unit_fingerprint
@@ -30,6 +26,7 @@ from evalsnap.pipeline.publish import PublishRequest
 from evalsnap.pipeline.score import ScoreRequest
 from evalsnap.records import EvaluationRecord, Snapshot, repo
 from evalsnap.records.record import Baseline, Coverage
+from evalsnap.spec import RunOptions, RunSpec
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +47,7 @@ class Plan:
     """``adk`` or ``langgraph`` when forced; None: detected from the package."""
     repetitions: int = 1
     repetition_gate: str = "mean"
-    """How repetitions are gated (:mod:`evalsnap.reports.aggregates`); recorded in coverage."""
+    """How repetitions are gated (:mod:`evalsnap.aggregates`); recorded in coverage."""
     metric_names: list[str] = field(default_factory=list)
     case_ids: list[str] = field(default_factory=list)
     sys_paths: list[str] = field(default_factory=list)
@@ -147,23 +144,6 @@ class Plan:
             coverage=self.coverage(), baseline=self.baseline)
 
 
-class RunOptions(BaseModel):
-    """One run of a plan: its id and how it reuses."""
-
-    model_config = ConfigDict(frozen=True)
-
-    run_id: str = PydanticField(default_factory=lambda: new_run_id())
-    kind: Literal["run", "rescore"] = "run"
-    reuse: bool = False
-    force: bool = False
-    concurrency: int = 8
-
-
-def new_run_id() -> str:
-    stamp = now_iso().replace("-", "").replace(":", "").split(".")[0]
-    return f"{stamp}Z-{secrets.token_hex(3)}"
-
-
 def _select(plan: Plan, metrics: list[str] | None, cases: list[str] | None) -> None:
     known_metrics = [r.metric_name for r in plan.config.rules]
     unknown = sorted(set(metrics or []) - set(known_metrics))
@@ -219,26 +199,23 @@ def _select_in_several(plans: list[Plan], targets: list[EvalTarget], metrics: li
     return kept
 
 
-def plan_runs(agent_dir: str, evalsets: str | list[str], config: str | None, store_url: str,
-              metrics: list[str] | None = None, cases: list[str] | None = None,
-              repetitions: int = 1, agent_name: str | None = None,
-              initial_session_file: str | None = None, baseline: str = "",
-              tolerance: float = 0.0, framework: str | None = None,
-              repetition_gate: str = "mean", alpha: float = 0.05) -> list[Plan]:
+def plan_runs(spec: RunSpec) -> list[Plan]:
     """One plan per eval set a run covers (:mod:`evalsnap.adk.targets`), in the order given.
 
-    ``initial_session_file`` is ``AgentEvaluator``'s: the session state of old-format
+    ``spec.initial_session_file`` is ``AgentEvaluator``'s: the session state of old-format
     ``*.test.json`` files (an eval set file holds its own ``session_input``)."""
-    if repetitions < 1:
+    if spec.kind != "run" or spec.agent_dir is None or not spec.evalsets:
+        raise UsageError("a run needs an agent directory and at least one eval set.")
+    if spec.repetitions < 1:
         raise UsageError("--repetitions must be at least 1.")
-    check_gate(repetition_gate)
+    check_gate(spec.repetition_gate)
+    agent_dir, agent_name, framework = spec.agent_dir, spec.agent_name, spec.framework
     if not Path(agent_dir).is_dir():
         raise InputFileError(
             f"agent dir {agent_dir} does not exist; pass the directory of an ADK agent package.")
     agent_path = ensure_importable(agent_dir)
-    targets = resolve_targets(agent_path, [evalsets] if isinstance(evalsets, str) else evalsets,
-                              config)
-    initial_session = load_initial_session(initial_session_file)
+    targets = resolve_targets(agent_path, spec.evalsets, spec.config)
+    initial_session = load_initial_session(spec.initial_session_file)
     eval_sets = [load_eval_set(t.path, initial_session=initial_session) for t in targets]
     # The agent package is trusted live code, as in ADK: imported before the config is
     # resolved, so that models and evaluators it registers are there for the config.
@@ -249,21 +226,21 @@ def plan_runs(agent_dir: str, evalsets: str | list[str], config: str | None, sto
     for target in targets:
         if target.config_path not in configs:
             configs[target.config_path] = load_config(target.config_path)
-    store = repo.open_store(store_url)
+    store = repo.open_store(spec.store)
     store.check()
     plans = [Plan(store_url=store.url, eval_set=eval_set, config=configs[target.config_path],
                   agent=agent, agent_dir=str(agent.path), agent_name=agent_name,
-                  framework=framework, repetitions=repetitions, sys_paths=[str(agent_path.parent)],
-                  repetition_gate=repetition_gate)
+                  framework=framework, repetitions=spec.repetitions,
+                  sys_paths=[str(agent_path.parent)], repetition_gate=spec.repetition_gate)
              for target, eval_set in zip(targets, eval_sets, strict=True)]
     if len(plans) == 1:
-        _select(plans[0], metrics, _union(targets[0].case_ids, cases))
+        _select(plans[0], spec.metrics, _union(targets[0].case_ids, spec.cases))
     else:
         _check_distinct(plans, targets)
-        plans = _select_in_several(plans, targets, metrics, cases)
+        plans = _select_in_several(plans, targets, spec.metrics, spec.cases)
     for plan in plans:
-        plan.baseline = resolve_baseline(store, baseline, plan.eval_set.eval_set_id, tolerance,
-                                         alpha)
+        plan.baseline = resolve_baseline(store, spec.baseline or "", plan.eval_set.eval_set_id,
+                                         spec.tolerance, spec.alpha)
     return plans
 
 
@@ -333,13 +310,17 @@ def _config_from_snapshot(snapshot: Snapshot) -> LoadedConfig:
     return resolve_config(raw, where="<rules of the snapshot>")
 
 
-def plan_rescore(run_or_snapshot: str, store_url: str, evalset: str | None,
-                 config: str | None, metrics: list[str] | None = None,
-                 cases: list[str] | None = None, sys_paths: list[str] | None = None,
-                 agent_dir: str | None = None, agent_name: str | None = None,
-                 baseline: str = "", tolerance: float = 0.0, repetition_gate: str = "mean",
-                 alpha: float = 0.05) -> Plan:
-    store = repo.open_store(store_url)
+def plan_rescore(spec: RunSpec) -> Plan:
+    """The plan of a rescore: the frozen inference of ``spec.source``, with the references
+    of ``spec.evalsets`` (else the frozen ones) and the rules of ``spec.config`` (else the
+    frozen ones); its ``code_paths`` and ``agent_dir`` are imported first, never called."""
+    if spec.kind != "rescore" or not spec.source:
+        raise UsageError("a rescore needs the run, record or snapshot to score again.")
+    run_or_snapshot, config, agent_dir, agent_name = (spec.source, spec.config, spec.agent_dir,
+                                                      spec.agent_name)
+    evalset = spec.evalsets[0] if spec.evalsets else None
+    sys_paths: list[str] = list(spec.code_paths)
+    store = repo.open_store(spec.store)
     store.check()
     snapshot_oid, snapshot = resolve_snapshot(store, run_or_snapshot)
     source_note = _subset_source(store, run_or_snapshot, snapshot_oid)
@@ -347,14 +328,14 @@ def plan_rescore(run_or_snapshot: str, store_url: str, evalset: str | None,
         # ``--agent``: the user names the package (never the record); imported first, as for
         # a run, so that what it registers is there for the config (it is never called)
         root = str(ensure_importable(agent_dir).parent)
-        sys_paths = [*(sys_paths or []), *([] if root in (sys_paths or []) else [root])]
+        sys_paths += [] if root in sys_paths else [root]
         agent_dir = str(load_agent(agent_dir, agent_name=agent_name).path)
     if config is not None:
         # custom metrics live in the agent package, beside its test_config.json (as adk eval);
         # the edited eval set may live anywhere, so its parent alone is not enough
         root = str(Path(config).resolve().parent.parent)
-        sys_paths = [*(sys_paths or []), *([] if root in (sys_paths or []) else [root])]
-    for p in sys_paths or []:
+        sys_paths += [] if root in sys_paths else [root]
+    for p in sys_paths:
         ensure_importable(Path(p) / "_")
     if evalset is not None:
         eval_set = load_eval_set(evalset)
@@ -370,11 +351,11 @@ def plan_rescore(run_or_snapshot: str, store_url: str, evalset: str | None,
     frozen_ids = {c.eval_id for c in snapshot.cases}
     plan = Plan(store_url=store.url, eval_set=eval_set, config=loaded, source=run_or_snapshot,
                 agent_dir=agent_dir, agent_name=agent_name,
-                sys_paths=list(sys_paths or []),
+                sys_paths=sys_paths,
                 skipped_cases=sorted(frozen_ids - new_ids),
                 uninferred_cases=sorted(new_ids - frozen_ids), source_note=source_note,
-                repetition_gate=check_gate(repetition_gate))
-    _select(plan, metrics, cases)
+                repetition_gate=check_gate(spec.repetition_gate))
+    _select(plan, spec.metrics, spec.cases)
     # cases left out by --case are not "without inference": the selection does not ask for them
     plan.uninferred_cases = [c for c in plan.uninferred_cases if c in set(plan.case_ids)]
     plan.case_ids = [c for c in plan.case_ids if c in frozen_ids]
@@ -389,7 +370,8 @@ def plan_rescore(run_or_snapshot: str, store_url: str, evalset: str | None,
                          status="success" if c.inference_ok else "failure",
                          run_id=repo.inference_run_id(store, c.inference_oid))
         for c in snapshot.cases if c.eval_id in selected]
-    plan.baseline = resolve_baseline(store, baseline, plan.eval_set.eval_set_id, tolerance, alpha)
+    plan.baseline = resolve_baseline(store, spec.baseline or "", plan.eval_set.eval_set_id,
+                                     spec.tolerance, spec.alpha)
     return plan
 
 

@@ -178,25 +178,15 @@ def publish_request(req: PublishRequest) -> tuple[str, EvaluationRecord]:
     """:func:`publish` for a request, with the ADK history copy."""
     from evalsnap.adk.history import history_writer
 
-    return publish(req.store_url, run_id=req.run_id, kind=req.kind,
-                   snapshot_oid=req.snapshot_oid, inference=req.inference, units=req.units,
-                   reuse=req.reuse, force=req.force, source=req.source,
-                   skipped_cases=req.skipped_cases, uninferred_cases=req.uninferred_cases,
-                   history_writer=history_writer(req.store_url, req.agent_dir),
-                   prices=req.prices, coverage=req.coverage, baseline=req.baseline)
+    return publish(req, history_writer=history_writer(req.store_url, req.agent_dir))
 
 
-def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
-            inference: list[InferenceOutcome], units: list[UnitOutcome], reuse: bool,
-            force: bool, source: str | None = None, skipped_cases: list[str] | None = None,
-            uninferred_cases: list[str] | None = None,
-            history_writer: Any = None,
-            prices: dict[str, ModelPrice] | None = None, coverage: Coverage | None = None,
-            baseline: Baseline | None = None) -> tuple[str, EvaluationRecord]:
-    """Writes the record, points indexes at it, then writes the run manifest last."""
-    store = repo.open_store(store_url)
-    snapshot = repo.get_snapshot(store, snapshot_oid)
-    unit_packs = _own_packs(store, units, run_id)
+def publish(req: PublishRequest, *, history_writer: Any = None) -> tuple[str, EvaluationRecord]:
+    """Writes the record, points indexes at it, then writes the run manifest last; the
+    record's views (the HTML page, Prefect artifacts) are the caller's, after the commit."""
+    store = repo.open_store(req.store_url)
+    snapshot = repo.get_snapshot(store, req.snapshot_oid)
+    unit_packs = _own_packs(store, req.units, req.run_id)
     parent_oid = repo.latest_record_for(store, snapshot.eval_set_id)
     try:
         parent_units, parent_snapshot = _parent_view(store, parent_oid)
@@ -242,8 +232,8 @@ def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
         return None, None
 
     unit_refs, recovered = [], []
-    for o in units:
-        reused = o.run_id != run_id
+    for o in req.units:
+        reused = o.run_id != req.run_id
         origin_oid, origin = published_origin(o) if reused else (None, None)
         if reused and origin is None:
             recovered.append(o)
@@ -256,32 +246,32 @@ def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
             why=("reused" if origin else RECOVERED) if reused
             else explain_change(o, snapshot, parent_units, parent_snapshot)))
     inf_refs, agent_unreported = [], 0
-    for i in inference:
-        ref, unreported = inference_ref(store, i, run_id)
+    for i in req.inference:
+        ref, unreported = inference_ref(store, i, req.run_id)
         inf_refs.append(ref)
         agent_unreported += unreported
-    fresh = [o for o in units if o.run_id == run_id]
+    fresh = [o for o in req.units if o.run_id == req.run_id]
     judge_calls = sum(o.judge_calls for o in fresh)
     judge_by_model, judge_unreported = judge_spend(fresh)
-    statuses = [o.status for o in units]
-    unscored = _unscored(snapshot, inference, units, uninferred_cases or [])
-    complete = (not unscored and all(o.complete for o in units)
-                and all(i.status == "success" for i in inference))
+    statuses = [o.status for o in req.units]
+    unscored = _unscored(snapshot, req.inference, req.units, req.uninferred_cases or [])
+    complete = (not unscored and all(o.complete for o in req.units)
+                and all(i.status == "success" for i in req.inference))
     summary = RunSummary(
         complete=complete, unscored=unscored,
         passed=complete and all(s in ("PASSED", "INFORMATIONAL") for s in statuses),
         agent_calls=sum(r.model_calls for r in inf_refs), judge_calls=judge_calls,
-        reused_units=len(units) - len(fresh), scored_units=len(fresh),
+        reused_units=len(req.units) - len(fresh), scored_units=len(fresh),
         reused_judge_samples=sum(o.reused_judge_samples for o in fresh),
         **token_summary(inf_refs, agent_unreported, judge_by_model, judge_unreported,
-                        judge_calls, prices))
+                        judge_calls, req.prices))
     packs = unit_packs + _inference_packs(store, inf_refs)
     record = EvaluationRecord(
-        run_id=run_id, kind=kind, eval_set_id=snapshot.eval_set_id,  # type: ignore[arg-type]
-        app_name=snapshot.app_name, snapshot_oid=snapshot_oid, parent_record=parent_oid,
-        source=source, reuse=reuse, force=force, inference=inf_refs, units=unit_refs,
-        skipped_cases=skipped_cases or [], uninferred_cases=uninferred_cases or [],
-        summary=summary, created_at=now_iso(), coverage=coverage, baseline=baseline,
+        run_id=req.run_id, kind=req.kind, eval_set_id=snapshot.eval_set_id,  # type: ignore[arg-type]
+        app_name=snapshot.app_name, snapshot_oid=req.snapshot_oid, parent_record=parent_oid,
+        source=req.source, reuse=req.reuse, force=req.force, inference=inf_refs, units=unit_refs,
+        skipped_cases=req.skipped_cases or [], uninferred_cases=req.uninferred_cases or [],
+        summary=summary, created_at=now_iso(), coverage=req.coverage, baseline=req.baseline,
         packs=packs)
     if complete and any(u.repetition for u in unit_refs):
         record = _gated(store, record)
@@ -294,26 +284,18 @@ def publish(store_url: str, *, run_id: str, kind: str, snapshot_oid: str,
         record_oid = repo.put(store, record)
         repo.index_units(store, [(o.unit_fingerprint, o.complete, o.unit_oid, o.run_id)
                                  for o in fresh + recovered], record_oid)
-        repo.set_latest_record(store, snapshot.eval_set_id, record_oid, run_id)
+        repo.set_latest_record(store, snapshot.eval_set_id, record_oid, req.run_id)
         objects = [ManifestEntry(kind="record", oid=record_oid),
-                   ManifestEntry(kind="snapshot", oid=snapshot_oid)]
+                   ManifestEntry(kind="snapshot", oid=req.snapshot_oid)]
         objects += [ManifestEntry(kind="inference", oid=i.inference_oid) for i in inf_refs]
         objects += [ManifestEntry(kind="unit", oid=u.unit_oid) for u in unit_refs]
         objects += [ManifestEntry(kind=pack.KIND, oid=p) for p in packs]
         repo.write_manifest(store, RunManifest(
-            run_id=run_id, eval_set_id=snapshot.eval_set_id, app_name=snapshot.app_name,
-            kind=kind, record_oid=record_oid, snapshot_oid=snapshot_oid,  # type: ignore[arg-type]
+            run_id=req.run_id, eval_set_id=snapshot.eval_set_id, app_name=snapshot.app_name,
+            kind=req.kind, record_oid=record_oid, snapshot_oid=req.snapshot_oid,  # type: ignore[arg-type]
             objects=objects, passed=summary.passed, complete=summary.complete,
             created_at=record.created_at, full=record.full))
-        commits.mark_published(snapshot.eval_set_id, record_oid, run_id)
-    # Presentation after the commit: a signal waits only for the commit, and a page that
-    # could not be written is written again by `evalsnap report RECORD` at any time.
-    try:  # the HTML report beside the record (v1/refs/reports/<record hex>.html)
-        from evalsnap.reports.html import store_report
-
-        store_report(store, record_oid, record)
-    except Exception as exc:  # noqa: BLE001 - a view of the record must not lose the run
-        logger.warning("could not write the HTML report of record %s: %s", record_oid, exc)
+        commits.mark_published(snapshot.eval_set_id, record_oid, req.run_id)
     return record_oid, record
 
 
@@ -321,7 +303,7 @@ def _gated(store: Store, record: EvaluationRecord) -> EvaluationRecord:
     """With repetitions, whether the run passed is its repetition gate's verdict per case ×
     metric (default: AgentEvaluator's mean over the repetitions), not every unit's: the
     stored flag is what ``history``, ``diff`` and the run events read."""
-    from evalsnap.reports.aggregates import aggregates, gate_passed
+    from evalsnap.aggregates import aggregates, gate_passed
 
     units = {ref.unit_oid: repo.get_unit_shared(store, ref.unit_oid) for ref in record.units}
     passed = gate_passed(aggregates(record, units))

@@ -144,7 +144,7 @@ class Coverage(BaseModel):
     """Runs of the agent per case."""
     repetition_gate: str | None = None
     """How the repetitions of a case × metric are gated (``--repetition-gate``: ``mean``,
-    ``every``, ``rate:P``; see :mod:`evalsnap.reports.aggregates`); None: ``mean``, ADK
+    ``every``, ``rate:P``; see :mod:`evalsnap.aggregates`); None: ``mean``, ADK
     ``AgentEvaluator``'s rule (and records written before the gate was recorded)."""
     note: str | None = None
     """Why the record is not full when no case or metric list says it (a subset source)."""

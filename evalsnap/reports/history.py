@@ -207,10 +207,10 @@ def history_table(eval_set_id: str, points: list[dict[str, Any]]) -> Any:
 
 def flaky_cases(store: Any, eval_set_id: str, last: int = 10) -> list[dict[str, Any]]:
     """The case × metric pairs whose status (by each run's repetition gate, see
-    :mod:`evalsnap.reports.aggregates`) flipped within the ``last`` newest runs of
+    :mod:`evalsnap.aggregates`) flipped within the ``last`` newest runs of
     ``eval_set_id``, most flips first: how often it flipped, in how many of the runs it
     passed, and its status per run (oldest first). A run that cannot be read is skipped."""
-    from evalsnap.reports.aggregates import aggregates
+    from evalsnap.aggregates import aggregates
 
     names = [n for _, n in _runs_of(store, eval_set_id)][-last:]
     seen: dict[tuple[str, str], list[dict[str, Any]]] = {}

@@ -1,7 +1,7 @@
 """``report RECORD --junit FILE``: a record as JUnit XML, for CI systems.
 
 One ``<testsuite>`` per record (named after the eval set) and one ``<testcase>`` per case ×
-metric over its repetitions (:mod:`evalsnap.reports.aggregates`): ``classname`` is
+metric over its repetitions (:mod:`evalsnap.aggregates`): ``classname`` is
 ``<eval set>.<eval_id>``, ``name`` the metric, and the text lists every repetition. A
 ``FAILED`` status by the repetition gate is a ``<failure>``; a case × metric with an
 incomplete repetition (``NOT_EVALUATED``, an errored judge sample, a failed inference) is an

@@ -8,7 +8,7 @@ score dropped by more than the tolerance; it is *fixed* when it went the other w
 counted as ``not_compared``, never as a regression.
 
 With at least 2 repetitions on both sides, a case × metric is compared as a whole
-(:mod:`evalsnap.reports.aggregates`): it regressed when its pass rate fell (or it went
+(:mod:`evalsnap.aggregates`): it regressed when its pass rate fell (or it went
 from complete to incomplete), was fixed when its pass rate rose, and each such entry gets
 the two-sided p-value of Fisher's exact test on the pass counts
 (``scipy.stats.fisher_exact``) and ``significant`` (p below ``alpha``). Only significant

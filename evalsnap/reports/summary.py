@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from evalsnap import exitcodes
+from evalsnap.aggregates import aggregates, gate_passed, record_gate
 from evalsnap.records import EvaluationRecord, InferenceRef, ScoreUnit, repo
 from evalsnap.records.record import TokenCounts
-from evalsnap.reports.aggregates import aggregates, gate_passed, record_gate
 
 # The codes by their old names, for the modules that still import them from here.
 EXIT_OK, EXIT_QUALITY, EXIT_USAGE, EXIT_INCOMPLETE = (int(c) for c in (
