@@ -245,7 +245,7 @@ def evaluate(agent_dir: str, evalset: str | list[str], *, config: str | None = N
              dask_address: str | None = None, baseline: str | None = None,
              tolerance: float = 0.0, fail_on: FailOn = "quality",
              framework: Literal["adk", "langgraph"] | None = None, repetition_gate: str = "mean",
-             alpha: float = 0.05) -> RunResult:
+             alpha: float = 0.05, until_stable: int | None = None) -> RunResult:
     """``evalsnap run`` as a function: runs the agent, freezes, scores, publishes.
 
     ``evalset`` takes what the command line takes (a file, ``FILE:ID,ID``, an eval set id
@@ -258,7 +258,8 @@ def evaluate(agent_dir: str, evalset: str | list[str], *, config: str | None = N
         kind="run", agent_dir=str(agent_dir),
         evalsets=[str(e) for e in ([evalset] if isinstance(evalset, str) else evalset)],
         config=config, store=store or settings.get().store, reuse=reuse, force=force,
-        metrics=metrics, cases=cases, repetitions=repetitions, concurrency=concurrency,
+        metrics=metrics, cases=cases, repetitions=repetitions, until_stable=until_stable,
+        concurrency=concurrency,
         task_runner=task_runner, dask_address=dask_address, agent_name=agent_name,
         initial_session_file=initial_session_file, baseline=baseline, tolerance=tolerance,
         fail_on=fail_on, framework=framework or None, repetition_gate=repetition_gate,

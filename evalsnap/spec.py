@@ -74,6 +74,9 @@ class RunSpec(BaseModel):
     """Only these eval ids; None: every case (else the run is a subset)."""
     repetitions: int = 1
     """Runs of the agent per case (checked by the plan: 1 or more)."""
+    until_stable: int | None = None
+    """run: after ``repetitions``, more repetitions for the cases whose pass rate is still
+    in doubt, up to this many per case (:mod:`evalsnap.pipeline.stability`); None: off."""
 
     # ---- where, and how it reuses -------------------------------------------------------
     store: str = ".evalsnap"
@@ -124,7 +127,7 @@ class RunSpec(BaseModel):
                     "code_paths": self.code_paths, "agent": self.agent_dir, **common}
         return {"agent_dir": self.agent_dir,
                 "evalset": self.evalsets[0] if len(self.evalsets) == 1 else self.evalsets,
-                "repetitions": self.repetitions,
+                "repetitions": self.repetitions, "until_stable": self.until_stable or 0,
                 "initial_session_file": self.initial_session_file,
                 "framework": self.framework or "", **common}
 
@@ -158,6 +161,8 @@ class RunSpec(BaseModel):
             if name in params:
                 fields[name] = text(params.pop(name))
         params.pop("agent", None)
+        if "until_stable" in params:  # the form's 0 is off
+            fields["until_stable"] = params.pop("until_stable") or None
         return cls(**fields, **params)
 
 

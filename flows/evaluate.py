@@ -8,9 +8,11 @@ from prefect import flow
 from prefect.runtime import flow_run
 from pydantic import Field, WithJsonSchema
 
-from evalsnap.pipeline import hints, runners
+from evalsnap.pipeline import hints, runners, stability
+from evalsnap.pipeline.outcomes import InferenceOutcome, UnitOutcome
 from evalsnap.pipeline.plan import Plan, plan_runs
 from evalsnap.records import repo
+from evalsnap.records.record import CaseStability
 from evalsnap.records.repo import run_scope
 from evalsnap.reports.artifacts import RunProgress
 from evalsnap.reports.regressions import FailOn
@@ -89,6 +91,10 @@ def evaluate(
         "metrics is a subset: never 'latest', never a default baseline"))] = "",
     repetitions: Annotated[int, Field(description=(
         "Runs of the agent per case (1 or more)"))] = 1,
+    until_stable: Annotated[int, Field(ge=0, description=(
+        "After the repetitions, more only for the cases whose pass rate is still in doubt "
+        "(its 95% interval holds the gate's line, or the baseline's rate), up to this many "
+        "per case; 0: off"))] = 0,
     concurrency: Annotated[int, Field(ge=1, description=(
         "Cases run at once per inference task, and units scored at once per metric task "
         "(model calls stay within the Prefect limits evalsnap-agent-model and "
@@ -137,6 +143,43 @@ def _evaluate(plan: Plan, run: RunOptions, runner: str) -> dict[str, Any]:
         outcomes = run_inference(plan.inference_batches(run), progress)
         snapshot_oid = freeze_task(as_data(plan.freeze_request(outcomes)))
         units = run_scoring(plan.score_requests(run, snapshot_oid), progress, pool)
+        if plan.until_stable is not None:
+            outcomes, units, snapshot_oid = _until_stable(plan, run, progress, pool, outcomes,
+                                                          units, snapshot_oid)
         result = publish_task(as_data(plan.publish_request(run, snapshot_oid, outcomes, units)))
     progress.advance()  # published
     return result
+
+
+def _until_stable(plan: Plan, run: RunOptions, progress: RunProgress, pool: Any,
+                  outcomes: list[InferenceOutcome], units: list[UnitOutcome],
+                  snapshot_oid: str) -> tuple[list[InferenceOutcome], list[UnitOutcome], str]:
+    """``--until-stable``: rounds of more repetitions for the cases in doubt (each round
+    infers, freezes and scores only its own repetitions), then one snapshot of them all for
+    the record (:mod:`evalsnap.pipeline.stability`)."""
+    rates = stability.baseline_rates(repo.open_store(plan.store_url),
+                                     plan.baseline.record_oid if plan.baseline else None)
+    thresholds = {r.metric_name: r.threshold for r in plan.selected_rules()}
+    reps = dict.fromkeys(plan.case_ids, plan.repetitions)
+    decided: dict[str, CaseStability] = {}
+    while True:
+        failed = {(o.eval_id, o.repetition) for o in outcomes if o.status != "success"}
+        more, stopped = stability.next_round(
+            units, failed, {c: n for c, n in reps.items() if c not in decided},
+            gate=plan.repetition_gate, thresholds=thresholds, baseline_rates=rates,
+            step=plan.repetitions, maximum=plan.until_stable or plan.repetitions)
+        decided.update(stopped)
+        if not more:
+            break
+        progress.grow(sum(more.values()) + len(plan.metric_names))
+        new = run_inference(plan.inference_batches(
+            run, {c: range(reps[c], reps[c] + k) for c, k in more.items()}), progress)
+        round_oid = freeze_task(as_data(plan.freeze_request(new)))
+        units = units + run_scoring(plan.score_requests(run, round_oid), progress, pool)
+        outcomes = outcomes + new
+        for case_id, k in more.items():
+            reps[case_id] += k
+    plan.stability = {c: decided[c] for c in plan.case_ids}
+    if sum(reps.values()) > plan.inference_total:  # the record's snapshot: every repetition
+        snapshot_oid = freeze_task(as_data(plan.freeze_request(outcomes)))
+    return outcomes, units, snapshot_oid

@@ -302,3 +302,92 @@ def test_history_flaky_lists_cases_whose_status_flipped(flaky):
     last2 = run_inproc("history", "flaky", "--store", str(flaky["store"]), "--flaky", "--last",
                        "2", "--json").json
     assert [e["flips"] for e in last2["flaky"]] == [1]
+
+
+def test_until_stable_spends_repetitions_only_where_the_doubt_is(flaky, after_five, tmp_path):
+    """``--until-stable 15`` after the shared 5 repetitions (reused): the 5/5 and 0/5 cases
+    are settled (their Wilson interval does not hold the threshold 0.5), the 3/5 and 1/5
+    cases get 5 more per round; ``rarely`` settles at 3/15 ([0.07, 0.45]), ``mostly`` is
+    still in doubt at 9/15 ([0.36, 0.80]) and stops at the maximum."""
+    assert after_five.code == 1  # run --repetitions 5, cold
+    flaky["module"].reset()
+    r = _run(flaky, "--repetitions", "5", "--until-stable", "15", "--reuse")
+    assert r.code == 1, r.stderr[-3000:]
+    result = r.json
+    assert result["agent_calls"] == 20 and flaky["module"].calls() == 20  # 10 more for 2 cases
+    aggs = _aggs(result)
+    assert {e: (a["passed"], a["n"]) for e, a in aggs.items()} == {
+        "always": (5, 5), "mostly": (9, 15), "rarely": (3, 15), "never": (0, 5)}
+    for eval_id, a in aggs.items():
+        assert a["pass_rate_ci95"] == pytest.approx(list(wilson(a["passed"], a["n"])), abs=1e-9)
+    stability = result["coverage"]["stability"]
+    assert result["coverage"]["until_stable"] == 15 and result["coverage"]["full"] is True
+    assert {e: (s["repetitions"], s["stopped"]) for e, s in stability.items()} == {
+        "always": (5, "stable"), "mostly": (15, "max"), "rarely": (15, "stable"),
+        "never": (5, "stable")}
+    assert aggs["mostly"]["status"] == "PASSED" and aggs["rarely"]["status"] == "FAILED"
+    # the added repetitions are ordinary units: the same run again reuses every one of them
+    again = _run(flaky, "--repetitions", "5", "--until-stable", "15", "--reuse")
+    assert (again.json["agent_calls"], again.json["scored_units"]) == (0, 0)
+    assert again.json["reused_units"] == 40 and again.json["coverage"]["stability"] == stability
+    table = run_inproc("show", result["run_id"], "--store", str(flaky["store"]))
+    assert "until stable (≤ 15): 1 at max, 3 stable" in " ".join(table.stdout.split())
+    below = _run(flaky, "--repetitions", "5", "--until-stable", "3")
+    assert below.code == 2 and "--until-stable 3 is below --repetitions 5" in below.stderr
+
+    # the report: one row per case × metric with k/n, the interval and a flaky badge
+    from tests.test_report_browser import CHROMIUM, browse
+
+    page = flaky["store"] / "v1" / "refs" / "reports" / (
+        result["record_id"].removeprefix("sha256:") + ".html")
+    if CHROMIUM is None:
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    dom, console = browse(page.as_uri(), "--dump-dom", tmp=tmp_path)
+    assert console == [], console
+    rows = _aggregate_rows(dom)
+    assert set(rows) == set(PASSES)
+    for eval_id, a in aggs.items():
+        row = rows[eval_id]
+        low, high = a["pass_rate_ci95"]
+        assert (int(row["passed"]), int(row["n"])) == (a["passed"], a["n"])
+        assert (row["ci_low"], row["ci_high"]) == (f"{low:.2f}", f"{high:.2f}")
+        assert row["verdict"] == a["verdict"] and row["status"] == a["status"]
+        assert row["stopped"] == "{repetitions} ({stopped})".format(**stability[eval_id])
+    assert rows["mostly"]["verdict_class"] == "badge flaky"
+
+
+def _aggregate_rows(dom: str) -> dict[str, dict[str, str]]:
+    """``data-aggregate`` rows of the rendered page: each ``data-stat`` cell's text (and
+    the verdict badge's class)."""
+    from html.parser import HTMLParser
+
+    rows: dict[str, dict[str, str]] = {}
+
+    class Rows(HTMLParser):
+        row: str | None = None
+        stat: str | None = None
+
+        def handle_starttag(self, tag, attrs):
+            a = dict(attrs)
+            if tag == "tr":
+                self.row = a.get("data-aggregate")
+                if self.row:
+                    rows[self.row] = {}
+            elif self.row and a.get("data-stat"):
+                self.stat = a["data-stat"]
+                rows[self.row][self.stat] = ""
+                if self.stat == "verdict":
+                    rows[self.row]["verdict_class"] = a.get("class", "")
+
+        def handle_endtag(self, tag):
+            if tag in ("span", "td"):
+                self.stat = None
+            if tag == "tr":
+                self.row = None
+
+        def handle_data(self, data):
+            if self.row and self.stat:
+                rows[self.row][self.stat] += data.strip()
+
+    Rows().feed(dom)
+    return rows

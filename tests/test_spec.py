@@ -17,7 +17,7 @@ from flows.rescore import rescore
 
 RUN = RunSpec(kind="run", agent_dir="/a/agent", evalsets=["/a/x.evalset.json", "/a/y.json:c1"],
               config="/a/test_config.json", store="s3://bucket/p", reuse=True, force=False,
-              metrics=["response_match_score"], cases=["c1", "c2"], repetitions=3,
+              metrics=["response_match_score"], cases=["c1", "c2"], repetitions=3, until_stable=9,
               agent_name="sub", initial_session_file="/a/initial.session.json",
               baseline="latest", tolerance=0.1, alpha=0.01, repetition_gate="rate:0.8",
               fail_on="regression", framework="langgraph", concurrency=4, task_runner="dask",

@@ -273,6 +273,11 @@ def run(
     metric: Annotated[list[str] | None, typer.Option(help="Only this metric (repeatable)")] = None,
     case: Annotated[list[str] | None, typer.Option(help="Only this eval_id (repeatable)")] = None,
     repetitions: Annotated[int, typer.Option(help="Runs of the agent per case")] = 1,
+    until_stable: Annotated[int | None, typer.Option(
+        "--until-stable", metavar="MAX",
+        help="After --repetitions, more repetitions only for the cases whose pass rate is "
+             "still in doubt (its 95% interval holds the gate's line, or the baseline's "
+             "rate), up to MAX per case")] = None,
     agent_name: Annotated[str | None, typer.Option(
         help="Evaluate this sub-agent instead of the root agent")] = None,
     initial_session_file: Annotated[str | None, typer.Option(
@@ -292,7 +297,7 @@ def run(
     _flow_command(RunSpec(
         kind="run", agent_dir=agent_dir, evalsets=evalset, config=config, store=store,
         reuse=reuse, force=force, metrics=metric, cases=case, repetitions=repetitions,
-        task_runner=task_runner, dask_address=dask_address, agent_name=agent_name,
+        until_stable=until_stable, task_runner=task_runner, dask_address=dask_address, agent_name=agent_name,
         initial_session_file=initial_session_file, baseline=baseline, tolerance=tolerance,
         fail_on=fail_on, framework=framework, repetition_gate=repetition_gate, alpha=alpha),
         storage_option, as_json)

@@ -25,7 +25,7 @@ from evalsnap.pipeline.outcomes import InferenceOutcome, UnitOutcome
 from evalsnap.pipeline.publish import PublishRequest
 from evalsnap.pipeline.score import ScoreRequest
 from evalsnap.records import EvaluationRecord, Snapshot, repo
-from evalsnap.records.record import Baseline, Coverage
+from evalsnap.records.record import Baseline, CaseStability, Coverage
 from evalsnap.spec import RunOptions, RunSpec
 
 logger = logging.getLogger(__name__)
@@ -48,6 +48,10 @@ class Plan:
     repetitions: int = 1
     repetition_gate: str = "mean"
     """How repetitions are gated (:mod:`evalsnap.aggregates`); recorded in coverage."""
+    until_stable: int | None = None
+    """``--until-stable MAX`` (:mod:`evalsnap.pipeline.stability`); None: off."""
+    stability: dict[str, CaseStability] | None = None
+    """With ``until_stable``, once the run knows: each case's repetitions and why it stopped."""
     metric_names: list[str] = field(default_factory=list)
     case_ids: list[str] = field(default_factory=list)
     sys_paths: list[str] = field(default_factory=list)
@@ -72,7 +76,8 @@ class Plan:
         return Coverage(full=not (missing_cases or missing_metrics or self.source_note),
                         missing_cases=missing_cases, missing_metrics=missing_metrics,
                         repetitions=repetitions, note=self.source_note,
-                        repetition_gate=self.repetition_gate)
+                        repetition_gate=self.repetition_gate, until_stable=self.until_stable,
+                        stability=self.stability)
 
     @property
     def config_json(self) -> str:
@@ -92,13 +97,16 @@ class Plan:
 
     # ---- the requests of one run, in pipeline order -----------------------------------
 
-    def inference_batches(self, run: RunOptions) -> list[InferBatch]:
-        """The run's inference, as batches of consecutive cases × repetitions."""
+    def inference_batches(self, run: RunOptions,
+                          more: dict[str, range] | None = None) -> list[InferBatch]:
+        """The run's inference, as batches of consecutive cases × repetitions (``more``:
+        only these repetitions of these cases, a round of ``--until-stable``)."""
         assert self.agent is not None, "only an evaluate plan runs inference"
         cases = {c.eval_id: c for c in self.eval_set.eval_cases}
+        wanted = more if more is not None else {c: range(self.repetitions) for c in self.case_ids}
         items = [InferItem(eval_id=case_id, repetition=rep, case_json=cases[case_id].model_dump_json(),
                            fingerprint=inference_fingerprint(self.agent.identity, cases[case_id], rep))
-                 for case_id in self.case_ids for rep in range(self.repetitions)]
+                 for case_id in self.case_ids for rep in wanted.get(case_id, ())]
         s = settings.get()
         progress.expect("inference", len(items))
         return [InferBatch(store_url=self.store_url, agent_dir=str(self.agent.path),
@@ -208,6 +216,10 @@ def plan_runs(spec: RunSpec) -> list[Plan]:
         raise UsageError("a run needs an agent directory and at least one eval set.")
     if spec.repetitions < 1:
         raise UsageError("--repetitions must be at least 1.")
+    if spec.until_stable is not None and spec.until_stable < spec.repetitions:
+        raise UsageError(f"--until-stable {spec.until_stable} is below --repetitions "
+                         f"{spec.repetitions}: MAX is the most repetitions a case may get, "
+                         "so give at least as many as --repetitions.")
     check_gate(spec.repetition_gate)
     agent_dir, agent_name, framework = spec.agent_dir, spec.agent_name, spec.framework
     if not Path(agent_dir).is_dir():
@@ -231,7 +243,8 @@ def plan_runs(spec: RunSpec) -> list[Plan]:
     plans = [Plan(store_url=store.url, eval_set=eval_set, config=configs[target.config_path],
                   agent=agent, agent_dir=str(agent.path), agent_name=agent_name,
                   framework=framework, repetitions=spec.repetitions,
-                  sys_paths=[str(agent_path.parent)], repetition_gate=spec.repetition_gate)
+                  sys_paths=[str(agent_path.parent)], repetition_gate=spec.repetition_gate,
+                  until_stable=spec.until_stable)
              for target, eval_set in zip(targets, eval_sets, strict=True)]
     if len(plans) == 1:
         _select(plans[0], spec.metrics, _union(targets[0].case_ids, spec.cases))

@@ -127,6 +127,18 @@ class RunSummary(BaseModel):
     """Why ``estimated_cost`` is None."""
 
 
+class CaseStability(BaseModel):
+    """How many repetitions a case got under ``--until-stable``, and why it stopped
+    (:mod:`evalsnap.pipeline.stability`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    repetitions: int
+    stopped: Literal["stable", "max", "incomplete"]
+    """``stable``: no pass rate of the case is in doubt; ``max``: it reached the maximum
+    still in doubt; ``incomplete``: a repetition could not be scored."""
+
+
 class Coverage(BaseModel):
     """What part of its eval set and config a record covers."""
 
@@ -148,6 +160,11 @@ class Coverage(BaseModel):
     ``AgentEvaluator``'s rule (and records written before the gate was recorded)."""
     note: str | None = None
     """Why the record is not full when no case or metric list says it (a subset source)."""
+    until_stable: int | None = None
+    """``--until-stable MAX``: the most repetitions a case could get (None: not asked;
+    every case got ``repetitions``)."""
+    stability: dict[str, CaseStability] | None = None
+    """With ``until_stable``: per eval_id, the repetitions it got and why it stopped."""
 
 
 class Baseline(BaseModel):

@@ -24,6 +24,7 @@ from typing import Any
 
 import jinja2
 
+from evalsnap.aggregates import record_gate
 from evalsnap.errors import EvalsnapError
 from evalsnap.records import EvaluationRecord, repo
 from evalsnap.reports.history import PASSING, REPORTS, history, metric_names, run_point, save_point
@@ -210,6 +211,33 @@ def _tokens(counts: dict[str, Any] | None) -> str:
             f"out {counts.get('output_tokens') or 0:,})")
 
 
+def _repetitions(record: EvaluationRecord, aggregates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per case × metric over its repetitions, when any case has more than one:
+    k/n, the Wilson interval, mean ± sd, the verdict (a ``flaky`` badge) and the gate's
+    status; with ``--until-stable``, how many repetitions the case got and why it stopped."""
+    if not any(a["n"] > 1 for a in aggregates):
+        return []
+    stability = (record.coverage.stability if record.coverage is not None else None) or {}
+    rows = []
+    for a in aggregates:
+        ci = a["pass_rate_ci95"]
+        case = stability.get(a["eval_id"])
+        rows.append({**a, "ci_low": f"{ci[0]:.2f}" if ci else "—",
+                     "ci_high": f"{ci[1]:.2f}" if ci else "—",
+                     "stopped": f"{case.repetitions} ({case.stopped})" if case else ""})
+    return rows
+
+
+def _stability_note(record: EvaluationRecord) -> str:
+    c = record.coverage
+    if c is None or not c.until_stable:
+        return ""
+    return (f"--until-stable {c.until_stable}: after {c.repetitions} repetition(s), more only "
+            "for the cases whose pass rate was still in doubt (its 95% interval held the "
+            "gate's line, or the baseline's rate), up to "
+            f"{c.until_stable} per case.")
+
+
 def _coverage(record: EvaluationRecord) -> str:
     c = record.coverage
     if c is None or c.full:
@@ -279,6 +307,8 @@ def render(store: Any, record_oid: str, record: EvaluationRecord, *, trend_runs:
              for c in sorted(full["cases"], key=order)]
     return _template().render(
         record=record, record_oid=record_oid, store_url=store.url, facts=facts,
+        gate=record_gate(record), repetitions=_repetitions(record, full["aggregates"]),
+        stability_note=_stability_note(record),
         verdict=("PASSED" if s.passed else "NOT PASSED") + ("" if s.complete else " (INCOMPLETE)"),
         verdict_class="passed" if s.passed else "failed" if s.complete else "incomplete",
         count={v: sum(1 for x in verdicts.values() if x == v) for v in rank},

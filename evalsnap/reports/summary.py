@@ -170,13 +170,26 @@ def ci_text(ci: list[float] | None) -> str:
     return "—" if ci is None else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
 
 
+def stability_text(result: dict[str, Any]) -> str:
+    """`` · until stable (≤ MAX): 2 stable, 1 at max`` for an ``--until-stable`` run."""
+    c = result.get("coverage") or {}
+    if not c.get("until_stable"):
+        return ""
+    counts: dict[str, int] = {}
+    for case in (c.get("stability") or {}).values():
+        counts[case["stopped"]] = counts.get(case["stopped"], 0) + 1
+    said = ", ".join(f"{n} {'at max' if why == 'max' else why}" for why, n in sorted(counts.items()))
+    return f" · until stable (≤ {c['until_stable']}): {said}"
+
+
 def aggregate_table(result: dict[str, Any]) -> Any:
     """A rich Table: one row per case × metric over its repetitions (k/n passed, the Wilson
     interval, mean ± stdev, verdict, the gate's status)."""
     from rich.table import Table
 
     table = Table(title=f"{result['eval_set_id']} — run {result['run_id']}{subset_text(result)}"
-                        f" · {result['repetitions']} repetitions · gate {result['repetition_gate']}")
+                        f" · {result['repetitions']} repetitions · gate {result['repetition_gate']}"
+                        f"{stability_text(result)}")
     table.add_column("case")
     table.add_column("metric")
     for name in ("passed k/n [95% Wilson]", "mean±sd", "verdict", "status"):
