@@ -318,7 +318,7 @@ def test_until_stable_spends_repetitions_only_where_the_doubt_is(flaky, after_fi
     aggs = _aggs(result)
     assert {e: (a["passed"], a["n"]) for e, a in aggs.items()} == {
         "always": (5, 5), "mostly": (9, 15), "rarely": (3, 15), "never": (0, 5)}
-    for eval_id, a in aggs.items():
+    for a in aggs.values():
         assert a["pass_rate_ci95"] == pytest.approx(list(wilson(a["passed"], a["n"])), abs=1e-9)
     stability = result["coverage"]["stability"]
     assert result["coverage"]["until_stable"] == 15 and result["coverage"]["full"] is True
