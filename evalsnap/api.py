@@ -219,9 +219,11 @@ def flow_result(state: Any) -> dict[str, Any]:
     Failed, since the flow returns its ``Failed`` state with the summary as its data; an
     exception the flow raised (a typed error) is raised here."""
     if state.is_failed():
-        data = state.result(raise_on_failure=False)
-        if isinstance(data, dict) and "exit_code" in data:
-            return data
+        from tasks.support import summary_of_failed
+
+        summary = summary_of_failed(state.result(raise_on_failure=False))
+        if summary is not None:
+            return summary
     result: dict[str, Any] = state.result()
     return result
 

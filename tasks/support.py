@@ -10,6 +10,7 @@ import re
 import typing
 from typing import Any
 
+from prefect.exceptions import Abort
 from pydantic import BeforeValidator
 
 from evalsnap import settings
@@ -292,12 +293,37 @@ def emit_run_events(result: dict[str, Any], store_url: str) -> None:
                 logger.warning("could not emit %s: %s", event, exc)
 
 
+class GateFailed(Abort):
+    """The gate (``fail_on``) failed a run whose records are published: the data of the
+    ``Failed`` state the flow run ends in, holding the run's summary (``summary``).
+
+    Prefect's engine raises a ``Failed`` state's data when a deployment's flow run ends
+    (``engine.result()``): a dict there is a ``TypeError`` logged at ERROR with the whole
+    summary, and any ``Exception`` is logged at ERROR with its traceback by the flow run's
+    logger and again by the engine. An :class:`~prefect.exceptions.Abort` is the one
+    exception it lets end the process quietly (exit 0, one INFO line): the flow run's
+    state, Failed with the one-line message, is on the server already."""
+
+    def __init__(self, message: str, summary: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.summary = summary
+
+    def __reduce__(self) -> Any:
+        return GateFailed, (str(self), self.summary)
+
+
+def summary_of_failed(data: Any) -> dict[str, Any] | None:
+    """The summary a gate-failed flow run's state holds (:class:`GateFailed`), else None."""
+    return data.summary if isinstance(data, GateFailed) else None
+
+
 def finish(result: dict[str, Any], fail_on: str, store_url: str) -> Any:
     """The flow's return value once every record is published: ``result`` with its exit
-    codes under ``fail_on``, or Prefect's ``Failed`` state holding it (a one-line message
-    naming what failed) when the gate fails. Returning the state, rather than raising,
-    keeps the result for the caller (:func:`evalsnap.api.run_flow`) and is no exception
-    for Prefect to retry."""
+    codes under ``fail_on``, or Prefect's ``Failed`` state (a one-line message naming what
+    failed, and the result as its data's ``summary``: :class:`GateFailed`) when the gate
+    fails. Returning the state, rather than raising, keeps the result for the caller
+    (:func:`evalsnap.api.run_spec`), is no exception for Prefect to retry, and logs no
+    ERROR or traceback anywhere: a gate failure is a verdict, not a crash."""
     from prefect.states import Failed
 
     from evalsnap.reports.regressions import gate
@@ -306,5 +332,16 @@ def finish(result: dict[str, Any], fail_on: str, store_url: str) -> Any:
     emit_run_events(gated, store_url)
     if message is None:
         return gated
-    logger.warning("%s", message)
-    return Failed(message=message, data=gated)
+    _run_logger().warning("%s", message)  # in the flow run's logs: the UI shows why
+    return Failed(message=message, data=GateFailed(message, gated))
+
+
+def _run_logger() -> Any:
+    """The running flow run's logger (its records go to the server), else this module's."""
+    from prefect.exceptions import MissingContextError
+    from prefect.logging import get_run_logger
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logger

@@ -163,7 +163,9 @@ def test_flow_returns_failed_state_after_publishing(small, store_dir):
                      config=str(small["config"]), store=str(store_dir), return_state=True)
     assert state.is_failed()
     assert state.message.startswith("NOT PASSED (fail_on=quality): shop: 1 failed (weather_paris)")
-    result = state.result(raise_on_failure=False)
+    failed = state.result(raise_on_failure=False)  # the gate's verdict, holding the summary
+    assert type(failed).__name__ == "GateFailed" and str(failed) == state.message
+    result = failed.summary
     assert result["exit_code"] == 1 and result["record_id"] in state.message
     oid, record = repo.resolve_record(repo.open_store(str(store_dir)), result["run_id"])
     assert oid == result["record_id"] and not record.summary.passed

@@ -320,6 +320,23 @@ def test_gate_fails_the_flow_run_emits_events_and_names_runs(worker, flow_runs):
     assert untyped.state.is_completed(), worker.tail(4000)
     assert re.fullmatch(r"rescore-shop-subset-\d{8}-\d{6}-[0-9a-f]{4}", untyped.name), untyped.name
 
+    # A gate failure is a verdict, not a crash: no ERROR record in the failed runs' logs on
+    # the server, and no ERROR line or traceback in the worker's output (its flow runs' too)
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterLevel
+
+    failed_ids = [typed.id, graph_run.id]
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(
+            flow_run_id=LogFilterFlowRunId(any_=failed_ids)))
+        errors = client.read_logs(log_filter=LogFilter(
+            flow_run_id=LogFilterFlowRunId(any_=failed_ids), level=LogFilterLevel(ge_=40)))
+    # the control: the gate's message is a WARNING record of each failed run, read back
+    assert {log.flow_run_id for log in logs if log.level == 30 and log.message.startswith(
+        ("REGRESSED", "NOT PASSED"))} == set(failed_ids), [(g.level, g.message) for g in logs]
+    assert errors == [], [f"{e.level} {e.message[:300]}" for e in errors]
+    output = worker.log.read_text()
+    assert "Traceback" not in output and "| ERROR" not in output, worker.tail(6000)
+
 
 def _ui_server(home: Path) -> tuple[subprocess.Popen, str]:
     """A second prefect server, with its UI (the session's runs without one)."""
