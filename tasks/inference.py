@@ -34,7 +34,7 @@ def infer_task(request: InferBatch) -> list[dict[str, Any]]:
     """Runs (or reuses) each case of the batch; returns their outcomes, in order.
 
     A failed inference that a retry can fix (a timeout, a rate limit, a lost connection:
-    :mod:`evalsnap.adk.failures`) fails the task while Prefect retries remain, and a retry
+    :mod:`evalsnap.agents.failures`) fails the task while Prefect retries remain, and a retry
     runs only the cases that have not succeeded and could; a failure no retry fixes is
     returned at once. On the last attempt the failures are returned as failed outcomes
     (recorded, never cached, never reused), so one bad case never loses its batch.

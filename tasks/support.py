@@ -69,9 +69,9 @@ def retry_options() -> dict[str, Any]:
 def worth_a_retry(task: Any, task_run: Any, state: Any) -> bool:
     """Whether a failed task run is tried again: its batch had failures a retry can fix
     (``InferenceFailed``), or the task itself failed in a way that can pass (a timeout, a
-    lost connection, 408/429/5xx: :func:`evalsnap.adk.failures.is_transient`). A failure
+    lost connection, 408/429/5xx: :func:`evalsnap.agents.failures.is_transient`). A failure
     that would repeat (the agent package fails to import, say) is not retried."""
-    from evalsnap.adk.failures import is_transient
+    from evalsnap.agents.failures import is_transient
 
     try:
         exc = state.result(raise_on_failure=False)

@@ -145,7 +145,7 @@ def _forget_process_memos() -> None:
     commits._published.clear()
     limits._known.clear()
     StoreResults._verdicts.clear()
-    from evalsnap.adk import identity
+    from evalsnap.agents import identity
 
     identity.forget_declared()  # a config's evalsnapIdentity declarations are per process
     from evalsnap.cli import signals

@@ -103,7 +103,7 @@ def test_an_unknown_agent_name_lists_the_agents_of_the_tree(factory: dict[str, A
 
 LOOP_PROBE = """
 import asyncio, json, sys
-from evalsnap.adk.agent import load_agent
+from evalsnap.agents.lanes import load_agent
 
 factory_dir, app_dir = sys.argv[1], sys.argv[2]
 

@@ -174,7 +174,7 @@ def test_tokens_are_every_call_the_model_reported_agent_tool_runs_included(
 PROBE = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from evalsnap.adk.agent import load_agent
+from evalsnap.agents.lanes import load_agent
 found = {}
 for agent_dir in sys.argv[2:]:
     agent = load_agent(agent_dir)

@@ -204,7 +204,7 @@ def test_version_key_is_stripped_and_the_rest_is_what_adk_reads() -> None:
     stripped = EvalConfig.model_validate(adk_raw)
     assert stripped == EvalConfig.model_validate(
         {k: v for k, v in raw.items() if k not in ("metricVersions", "evalsnapPlugins")})
-    from evalsnap.adk.agent import ensure_importable
+    from evalsnap.agents.base import ensure_importable
 
     ensure_importable(harness.SHOP)  # the custom metric lives in the agent package
     loaded = resolve_config(raw)

@@ -428,7 +428,7 @@ _OUTSIDE_PROBE = """
 import importlib.util, json, sys
 from importlib.metadata import entry_points
 from pathlib import Path
-from evalsnap.adk.agent import ensure_importable
+from evalsnap.agents.base import ensure_importable
 from evalsnap.adk.config import load_config, resolve_config
 from evalsnap.errors import ConfigError
 from google.adk.models.registry import LLMRegistry

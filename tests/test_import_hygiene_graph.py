@@ -5,6 +5,10 @@ module of it (``evalsnap.api``, ``evalsnap.errors``…) or one of the repository
 packages (``storage``, ``tasks``, ``flows``). An edge is any import statement in a module of
 one node that names another, at module level or inside a function (a deferred import is
 still a dependency). A cycle is a strongly connected component of more than one node.
+
+The framework lanes are siblings (issue 26 item 4): neither ``evalsnap.adk`` nor
+``evalsnap.langgraph`` imports the other; what both need is in ``evalsnap.agents``, which
+finds them by module name (:data:`evalsnap.agents.lanes.LANES`).
 """
 
 from __future__ import annotations
@@ -13,18 +17,10 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import ROOT
 
 TOPS = ("evalsnap", "storage", "tasks", "flows")
-
-# Known cycles, each owned by an open issue; strict: the mark fails once the cycle is gone.
-KNOWN = {
-    frozenset({"evalsnap.adk", "evalsnap.langgraph"}):
-        "issue 26 item 4: the framework lanes call each other (adk/agent.py, adk/inference.py "
-        "import evalsnap.langgraph; langgraph/* imports evalsnap.adk)",
-}
+LANES = ("evalsnap.adk", "evalsnap.langgraph")
 
 
 def _node(module: str) -> str:
@@ -123,14 +119,19 @@ def test_the_graph_sees_imports_at_module_level_and_inside_functions(tmp_path):
 
 def test_no_import_cycle_between_packages():
     edges = import_graph()
-    unknown = [c for c in cycles(edges) if c not in KNOWN]
+    found = cycles(edges)
     where = {tuple(sorted(c)): {f"{a} -> {b}": edges[a][b][:3] for a in c for b in c
-                                if b in edges.get(a, {})} for c in unknown}
-    assert not unknown, f"import cycles between packages: {where}"
+                                if b in edges.get(a, {})} for c in found}
+    assert not found, f"import cycles between packages: {where}"
 
 
-@pytest.mark.parametrize("pair", [pytest.param(pair, id=" <-> ".join(sorted(pair)), marks=pytest.mark.xfail(
-    strict=True, reason=reason)) for pair, reason in KNOWN.items()])
-def test_known_cycle_is_gone(pair):
-    assert not any(pair <= c for c in cycles(import_graph())), \
-        f"{' <-> '.join(sorted(pair))} still import each other"
+def test_the_framework_lanes_do_not_import_each_other():
+    """Not even one way: a lane reaches another only through evalsnap.agents' table."""
+    edges = import_graph()
+    assert all(lane in edges for lane in LANES), "a lane package is gone: update LANES"
+    crossing = {f"{a} -> {b}": edges[a][b][:3] for a in LANES for b in LANES
+                if a != b and b in edges.get(a, {})}
+    assert not crossing, f"the framework lanes import each other: {crossing}"
+    assert "evalsnap.agents" in edges["evalsnap.adk"] and "evalsnap.agents" in edges["evalsnap.langgraph"]
+    assert not set(LANES) & set(edges.get("evalsnap.agents", {})), \
+        f"evalsnap.agents imports a lane: {dict(edges['evalsnap.agents'])}"

@@ -224,7 +224,7 @@ def test_a_tool_edit_reruns_inference_and_a_reference_edit_does_not(tmp_path: Pa
 def test_graph_structure_is_in_the_identity(tmp_path: Path) -> None:
     """A tool schema or node change that no package file shows (say, a tool from an installed
     library) still changes the identity."""
-    from evalsnap.adk.agent import load_agent
+    from evalsnap.agents.lanes import load_agent
     from evalsnap.langgraph.identity import graph_identity, graph_structure
 
     agent = load_agent(_copy(EXAMPLE, tmp_path))
@@ -259,7 +259,7 @@ def test_langgraph_json_project_with_a_checkpointer(tmp_path: Path) -> None:
 
 
 def test_framework_choice_and_its_errors(tmp_path: Path) -> None:
-    from evalsnap.adk.agent import load_agent
+    from evalsnap.agents.lanes import load_agent
 
     agent = _copy(EXAMPLE, tmp_path)
     assert load_agent(agent).framework == "langgraph"
@@ -274,8 +274,7 @@ def test_framework_choice_and_its_errors(tmp_path: Path) -> None:
 
 
 def test_unmappable_cases_fail_the_inference_clearly(tmp_path: Path) -> None:
-    from evalsnap.adk.agent import load_agent
-    from evalsnap.adk.inference import run_inference
+    from evalsnap.agents.lanes import load_agent, run_inference
 
     agent = load_agent(_copy(EXAMPLE, tmp_path))
 
@@ -301,8 +300,7 @@ def test_unmappable_cases_fail_the_inference_clearly(tmp_path: Path) -> None:
 def test_a_model_call_past_its_deadline_fails_the_inference(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                             setting: str, seconds: str) -> None:
     from evalsnap import settings
-    from evalsnap.adk.agent import load_agent
-    from evalsnap.adk.inference import run_inference
+    from evalsnap.agents.lanes import load_agent, run_inference
 
     agent = load_agent(_copy(EXAMPLE, tmp_path))
     monkeypatch.setenv("EVALSNAP_DEMO_AGENT_LATENCY_MS", "1500")
@@ -331,7 +329,7 @@ _NO_EXTRA = """
 import sys
 sys.modules["langgraph"] = None  # as on an install without the extra
 sys.modules["langchain_core"] = None
-from evalsnap.adk.agent import load_agent
+from evalsnap.agents.lanes import load_agent
 print("adk", load_agent(sys.argv[2]).framework)
 try:
     load_agent(sys.argv[1])

@@ -17,7 +17,8 @@ from google.adk.evaluation.evaluator import Evaluator
 from google.adk.evaluation.metric_evaluator_registry import DEFAULT_METRIC_EVALUATOR_REGISTRY
 
 import evalsnap.adk.context  # noqa: F401  (the shim; also imported by evalsnap.adk.config)
-from evalsnap.adk.inference import CapturingSessionService, clean_state
+from evalsnap.adk.inference import CapturingSessionService
+from evalsnap.agents.base import clean_state
 from evalsnap.records import InferenceRecord
 from tests.metric_fixtures import good, harness
 

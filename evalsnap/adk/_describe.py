@@ -6,11 +6,9 @@ agents, AgentTool agents (recursively, with the wrapper's options), models and t
 generate-content config, instructions, schemas, output key, include_contents, planner, code
 executor, tools (declarations; a function tool's code), callbacks, and an App's plugins.
 
-A callable is its qualified name and a hash of its code (:func:`code_digest`): bytecode,
-constants, names, argument layout, recursively for nested code, plus what the code reads
-from its module and its closure (constants by value, helper functions of the user's own
-code by their code). Never a ``repr``, which holds a memory address. Secret-named fields,
-attributes and keys (:func:`is_secret_name`) are left out wherever they appear; transport
+A callable is its qualified name and a hash of its code (:mod:`evalsnap.agents.code`,
+shared with the other lanes). Secret-named fields, attributes and keys
+(:func:`~evalsnap.agents.code.is_secret_name`) are left out wherever they appear; transport
 settings (``http_options``) too. Long strings are kept as their hash, so a stored tree
 stays small.
 """
@@ -18,204 +16,22 @@ stays small.
 from __future__ import annotations
 
 import enum
-import functools
 import hashlib
 import inspect
 import json
 import math
-import os
-import re
-import sys
-import types
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-__all__ = ["code_digest", "describe", "describe_callable", "is_secret_name"]
+from evalsnap.agents.code import describe_callable, describe_class, is_secret_name, is_user_code, qualname
 
-_SECRET_SUFFIXES = ("KEY", "KEYS", "TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD",
-                    "PASSWORDS", "PASSWD", "CREDENTIAL", "CREDENTIALS")
+__all__ = ["describe"]
+
 _TRANSPORT = frozenset({"http_options", "httpOptions"})
 _LONG = 240
 """Strings longer than this are described by their hash (a tree is stored per inference)."""
 _MAX_DEPTH = 24
-
-
-def is_secret_name(name: str) -> bool:
-    """Whether a variable, field or key names a secret (…KEY, …TOKEN, …SECRET, …PASSWORD,
-    …CREDENTIAL(S), ``GOOGLE_APPLICATION_CREDENTIALS``): such values are never described."""
-    upper = re.sub(r"[^A-Z0-9]", "_", name.upper()).rstrip("_")
-    return upper.endswith(_SECRET_SUFFIXES)
-
-
-def _digest(value: Any) -> str:
-    body = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
-
-
-def _qualname(obj: Any) -> str:
-    module = getattr(obj, "__module__", None) or type(obj).__module__
-    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) \
-        or type(obj).__qualname__
-    return f"{module}.{name}"
-
-
-_user_modules: dict[tuple[str, int], bool] = {}
-
-
-def _is_user_module(module: str) -> bool:
-    """Code of the user's project, not of the standard library or an installed package.
-
-    Memoized per imported module object (its ``id``), never for a name not imported yet: a
-    long-lived process (the Python API) that imports, edits and re-imports an agent package
-    must not keep an answer given before the package was there."""
-    top = module.split(".")[0]
-    if not top or top in sys.stdlib_module_names or top in ("builtins", "__main__"):
-        return top == "__main__"
-    mod = sys.modules.get(top)
-    if mod is None:
-        return False
-    key = (top, id(mod))
-    known = _user_modules.get(key)
-    if known is None:
-        files = [getattr(mod, "__file__", None), *list(getattr(mod, "__path__", []) or [])]
-        paths = [Path(os.path.realpath(f)) for f in files if f]
-        known = _user_modules[key] = bool(paths) and not any(
-            {"site-packages", "dist-packages"} & set(p.parts) for p in paths)
-    return known
-
-
-def _user_code(obj: Any) -> bool:
-    return _is_user_module(getattr(obj, "__module__", None) or "")
-
-
-# ---- code --------------------------------------------------------------------------------------
-
-def _const(value: Any) -> Any:
-    if isinstance(value, types.CodeType):
-        return _code_body(value)
-    if isinstance(value, frozenset | set):
-        return {"set": sorted((_const(v) for v in value), key=lambda v: json.dumps(v, default=str))}
-    if isinstance(value, tuple | list):
-        return [_const(v) for v in value]
-    if isinstance(value, bytes):
-        return {"bytes": hashlib.sha256(value).hexdigest()}
-    if isinstance(value, float | complex):
-        return {"number": repr(value)}
-    if value is None or isinstance(value, bool | int | str):
-        return value
-    return {"const": _qualname(type(value))}
-
-
-def _code_body(code: types.CodeType) -> dict[str, Any]:
-    """A code object without its file, line numbers or addresses: what it does."""
-    return {"name": code.co_qualname if hasattr(code, "co_qualname") else code.co_name,
-            "code": code.co_code.hex(), "consts": [_const(c) for c in code.co_consts],
-            "names": list(code.co_names), "varnames": list(code.co_varnames),
-            "freevars": list(code.co_freevars), "cellvars": list(code.co_cellvars),
-            "args": [code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount],
-            "flags": code.co_flags}
-
-
-def _all_names(code: types.CodeType) -> list[str]:
-    names = list(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names += _all_names(const)
-    return names
-
-
-def _referenced(name: str, value: Any, seen: set[int], depth: int) -> Any:
-    """What a global or closure variable contributes to a function's code hash."""
-    if value is None or isinstance(value, bool | int | float | str):
-        return value if not isinstance(value, float) or math.isfinite(value) else repr(value)
-    if isinstance(value, types.ModuleType):
-        return {"module": value.__name__}
-    if isinstance(value, list | tuple | dict | set | frozenset) and len(value) <= 1000:
-        try:
-            return json.loads(json.dumps(value, sort_keys=True, default=lambda v: f"<{_qualname(type(v))}>"))
-        except (TypeError, ValueError):
-            return {"container": _qualname(type(value))}
-    if (inspect.isfunction(value) or inspect.ismethod(value)) and _user_code(value) \
-            and depth < 6 and id(value) not in seen:
-        return describe_callable(value, seen, depth + 1)
-    if isinstance(value, type):
-        return _class(value) if depth < 6 else {"class": _qualname(value)}
-    return {"object": _qualname(type(value))}
-
-
-def code_digest(fn: Any, seen: set[int] | None = None, depth: int = 0) -> str:
-    """The hash of a function's code, its defaults, and what it reads from its module and
-    closure (secret-named variables left out)."""
-    seen = set() if seen is None else seen
-    seen.add(id(fn))
-    code: types.CodeType = fn.__code__
-    fn_globals = getattr(fn, "__globals__", {}) or {}
-    refs = {n: _referenced(n, fn_globals[n], seen, depth) for n in sorted(set(_all_names(code)))
-            if n in fn_globals and not is_secret_name(n)}
-    cells = {}
-    for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or (), strict=False):
-        try:
-            contents = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        if not is_secret_name(name):
-            cells[name] = _referenced(name, contents, seen, depth)
-    return _digest({"code": _code_body(code), "globals": refs, "closure": cells,
-                    "defaults": _const(fn.__defaults__ or ()),
-                    "kwdefaults": {k: _referenced(k, v, seen, depth)
-                                   for k, v in sorted((fn.__kwdefaults__ or {}).items())
-                                   if not is_secret_name(k)}})
-
-
-def describe_callable(fn: Any, seen: set[int] | None = None, depth: int = 0) -> dict[str, Any]:
-    """``{"callable": qualified name, "code": hash}`` (partials, methods, decorated functions
-    and callable objects unwrapped)."""
-    seen = set() if seen is None else seen
-    if isinstance(fn, functools.partial):
-        return {"partial": describe_callable(fn.func, seen, depth),
-                "args": [_referenced("", a, seen, depth) for a in fn.args],
-                "keywords": {k: _referenced(k, v, seen, depth) for k, v in sorted(fn.keywords.items())
-                             if not is_secret_name(k)}}
-    if inspect.ismethod(fn):
-        owner = fn.__self__ if isinstance(fn.__self__, type) else type(fn.__self__)
-        return {"method_of": _qualname(owner), **describe_callable(fn.__func__, seen, depth)}
-    if hasattr(fn, "__code__"):
-        out: dict[str, Any] = {"callable": _qualname(fn), "code": code_digest(fn, seen, depth)}
-        wrapped = getattr(fn, "__wrapped__", None)
-        if wrapped is not None and wrapped is not fn and depth < 6:
-            out["wraps"] = describe_callable(wrapped, seen, depth + 1)
-        return out
-    if isinstance(fn, type) or inspect.isbuiltin(fn):
-        return {"callable": _qualname(fn)}
-    call = vars(type(fn)).get("__call__")
-    out = {"callable": _qualname(type(fn))}
-    if call is not None and hasattr(call, "__code__"):
-        out["code"] = code_digest(call, seen, depth)
-    return out
-
-
-def _class(cls: type) -> dict[str, Any]:
-    """A class by name, with the code of its methods where it is the user's own code."""
-    out: dict[str, Any] = {"class": _qualname(cls)}
-    methods = {}
-    for klass in cls.__mro__:
-        if not _user_code(klass):
-            continue
-        for name, member in sorted(vars(klass).items()):
-            fn = member.fget if isinstance(member, property) else \
-                getattr(member, "__func__", member)
-            if hasattr(fn, "__code__") and f"{klass.__qualname__}.{name}" not in methods:
-                methods[f"{klass.__qualname__}.{name}"] = code_digest(fn)
-    if methods:
-        out["methods"] = methods
-    if issubclass(cls, BaseModel) and _user_code(cls):
-        try:
-            out["schema"] = _digest(cls.model_json_schema())
-        except Exception:  # noqa: BLE001 - a schema pydantic cannot render: its code still counts
-            out["schema"] = None
-    return out
 
 
 # ---- values ------------------------------------------------------------------------------------
@@ -261,7 +77,7 @@ def _agent(agent: Any, seen: list[int], depth: int) -> dict[str, Any]:
     seen.append(id(agent))
     try:
         # Agent fields are named by ADK, never secrets: `output_key` is no key.
-        out = {"agent": agent.name, **_class(type(agent)),
+        out = {"agent": agent.name, **describe_class(type(agent)),
                **_fields(agent, seen, depth, skip=frozenset({"parent_agent", "name", "tools"}),
                          secret_filter=False)}
         tools = getattr(agent, "tools", None)
@@ -273,7 +89,7 @@ def _agent(agent: Any, seen: list[int], depth: int) -> dict[str, Any]:
 
 
 def _tool(tool: Any, seen: list[int], depth: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"tool": getattr(tool, "name", None), **_class(type(tool)),
+    out: dict[str, Any] = {"tool": getattr(tool, "name", None), **describe_class(type(tool)),
                            **_attributes(tool, seen, depth, skip=frozenset({"name"}))}
     if "_require_confirmation" in vars(tool):  # FunctionTool keeps it private
         out["require_confirmation"] = describe(vars(tool)["_require_confirmation"], seen, depth + 1)
@@ -315,18 +131,18 @@ def describe(value: Any, seen: list[int] | None = None, depth: int = 0) -> Any:
     if isinstance(value, bytes):
         return {"bytes": hashlib.sha256(value).hexdigest()}
     if depth > _MAX_DEPTH:
-        return {"object": _qualname(type(value)), "depth": "too deep to describe"}
+        return {"object": qualname(type(value)), "depth": "too deep to describe"}
     if isinstance(value, BaseAgent):
         return _agent(value, seen, depth)
     if isinstance(value, BaseTool):
         return _tool(value, seen, depth)
     if isinstance(value, BaseToolset | BasePlugin):
-        return {"name": getattr(value, "name", None), **_class(type(value)),
+        return {"name": getattr(value, "name", None), **describe_class(type(value)),
                 **_attributes(value, seen, depth, skip=frozenset({"name"}))}
     if isinstance(value, type):
-        return _class(value)
+        return describe_class(value)
     if isinstance(value, BaseModel):
-        return {**_class(type(value)), **_fields(value, seen, depth)}
+        return {**describe_class(type(value)), **_fields(value, seen, depth)}
     if isinstance(value, dict):
         return {str(k): describe(v, seen, depth + 1) for k, v in value.items() if _keep(str(k), v)}
     if isinstance(value, list | tuple):
@@ -336,9 +152,9 @@ def describe(value: Any, seen: list[int] | None = None, depth: int = 0) -> Any:
         return sorted(items, key=lambda v: json.dumps(v, sort_keys=True, default=str))
     if callable(value):
         return describe_callable(value)
-    out = {"object": _qualname(type(value))}
-    if _user_code(type(value)):
-        out.update(_class(type(value)))
+    out = {"object": qualname(type(value))}
+    if is_user_code(type(value)):
+        out.update(describe_class(type(value)))
         out.update(_attributes(value, seen, depth))
     return out
 

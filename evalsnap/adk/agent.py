@@ -3,7 +3,7 @@
 The package is trusted live code, as in ADK. Its folder's ``.env`` is loaded into the
 environment first, by ADK's own ``load_dotenv_for_agent`` (the nearest ``.env`` from the agent
 folder up; variables set before the first load win; ``ADK_DISABLE_LOAD_DOTENV=1`` skips it).
-The identity (:mod:`evalsnap.adk.identity`) holds each non-secret ``.env`` key with a hash of
+The identity (:mod:`evalsnap.agents.identity`) holds each non-secret ``.env`` key with a hash of
 its value; a secret-named key is left out entirely, and no ``.env`` value is ever written
 into a record, a log or an artifact.
 """
@@ -13,11 +13,9 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
-import os
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,108 +24,13 @@ from google.adk.apps.app import App
 from google.adk.cli.utils.envs import load_dotenv_for_agent
 
 from evalsnap import startup
-from evalsnap.adk import identity
 from evalsnap.adk._describe import describe
+from evalsnap.agents import identity
+from evalsnap.agents.base import LoadedAgent, ensure_importable, files_manifest
 from evalsnap.errors import AgentLoadError, InputFileError
-from evalsnap.fingerprint import fingerprint
 
-#: Files that describe the evaluation, not the agent: editing a reference answer
-#: must not look like a new agent. (An old test file's initial session is a case input,
-#: in the inference fingerprint through the case's ``session_input``.)
-_EVAL_FILE_SUFFIXES = (".evalset.json", ".test.json", ".evalset_result.json")
-_SKIP_NAMES = {"test_config.json", "initial.session.json"}
-_SKIP_DIRS = {"__pycache__", ".adk", ".evalsnap", ".git", ".venv", "node_modules"}
-#: Files that hold credentials: never part of the identity (see :func:`files_manifest`).
-_SECRET_FILES = frozenset({".env", ".envrc", ".netrc", ".pypirc", ".npmrc", ".pgpass",
-                           ".git-credentials"})
-
-
-@dataclass
-class LoadedAgent:
-    """An imported agent package."""
-
-    path: Path
-    name: str
-    root_agent: BaseAgent
-    app: App | None
-    base_manifest: dict[str, Any]
-    """What the agent is, before the config's declarations (:mod:`evalsnap.adk.identity`):
-    package files, the resolved agent tree and App, the ``.env`` values, versions (+ the
-    selected sub-agent's name); for a LangGraph agent the graph's structure instead of the
-    tree (:mod:`evalsnap.langgraph.identity`)."""
-    framework: str = "adk"
-    """``adk``, or ``langgraph`` (then ``root_agent`` is a named placeholder and ``graph`` runs)."""
-    graph: Any = None
-    """The compiled LangGraph graph of a ``langgraph`` agent."""
-    _identities: dict[Any, tuple[dict[str, Any], str]] = field(
-        default_factory=dict, repr=False, compare=False)
-
-    def _resolved(self) -> tuple[dict[str, Any], str]:
-        declared = identity.declared_inputs()
-        if declared not in self._identities:
-            manifest = dict(self.base_manifest)
-            if declared:
-                manifest["declared"] = identity.resolve_declared(list(declared))
-            self._identities[declared] = manifest, fingerprint("agent", manifest)
-        return self._identities[declared]
-
-    @property
-    def manifest(self) -> dict[str, Any]:
-        """The identity manifest (no secret values): stored with every inference."""
-        return self._resolved()[0]
-
-    @property
-    def identity(self) -> str:
-        """The fingerprint of :attr:`manifest`: the agent part of the inference key."""
-        return self._resolved()[1]
-
-
-def ensure_importable(agent_dir: str | Path) -> Path:
-    """Puts the agent's parent on ``sys.path`` so ``my_agent.metrics.fn`` imports."""
-    path = Path(agent_dir).resolve()
-    parent = str(path.parent)
-    if parent not in sys.path:
-        sys.path.insert(0, parent)
-    return path
-
-
-def _is_secret_file(name: str) -> bool:
-    """``.env``, ``.env.<anything>`` (``.env.local``…) and the other credential dotfiles."""
-    return name in _SECRET_FILES or name.startswith(".env.")
-
-
-def _skipped_file(name: str) -> bool:
-    return (name in _SKIP_NAMES or name.endswith(_EVAL_FILE_SUFFIXES) or name.endswith(".pyc")
-            or _is_secret_file(name))
-
-
-def files_manifest(path: Path) -> dict[str, str]:
-    """Every file of the package that is code or data of the agent, by relative path, with a
-    hash of its bytes.
-
-    Left out: eval files (eval sets, ``.test.json``, ``test_config.json``,
-    ``initial.session.json``: editing a reference answer is not a new agent), caches, and
-    secret files: ``.env`` (and ``.env.*``, ``.envrc``, ``.netrc``, ``.pypirc``, ``.npmrc``,
-    ``.pgpass``, ``.git-credentials``) are never read here. The non-secret values of the
-    ``.env`` ADK loads are in the identity by key (:func:`evalsnap.adk.identity.dotenv_values_of`),
-    so rotating an API key reruns nothing while a scenario switch does.
-    """
-    out: dict[str, str] = {}
-    for root, dirs, files in os.walk(path):
-        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
-        for name in sorted(files):
-            if _skipped_file(name):
-                continue
-            file = Path(root, name)
-            try:
-                data = file.read_bytes()
-            except OSError as exc:
-                raise InputFileError(
-                    f"cannot read {file} in agent dir {path} ({exc}); every file of the agent "
-                    "package is part of its identity: make it readable or move it out."
-                ) from exc
-            out[file.relative_to(path).as_posix()] = identity.file_hash(data)
-    return out
+#: What ``adk eval`` looks for in the package's ``agent`` module (or the package), in its order.
+ADK_NAMES = ("app", "root_agent", "get_agent_async")
 
 
 def agent_tree(agent: BaseAgent) -> dict[str, Any]:
@@ -149,13 +52,26 @@ def app_summary(app: App | None) -> dict[str, Any] | None:
     return out
 
 
-def load_agent(agent_dir: str | Path, agent_name: str | None = None,
-               framework: str | None = None) -> LoadedAgent:
-    """Imports an agent package as ``adk eval`` does.
+def exposes_agent(*modules: Any) -> bool:
+    """Whether a module exposes one of ADK's entry points (:data:`ADK_NAMES`)."""
+    return any(getattr(m, n, None) is not None for m in modules for n in ADK_NAMES)
 
-    ``framework`` (``--framework``): ``adk`` or ``langgraph`` forces one; None detects it: a
-    dir with ``langgraph.json``, or a package exposing ``graph`` and no ADK agent, is a
-    LangGraph agent (:mod:`evalsnap.langgraph.loader`).
+
+def import_package(agent_dir: str | Path) -> tuple[Any, ...]:
+    """Imports the agent package as :func:`load_agent` does (its ``.env`` first): the module
+    holding the agent and the package (the modules that may expose an entry point)."""
+    return _imported(_package_dir(agent_dir))
+
+
+def _imported(path: Path) -> tuple[Any, ...]:
+    load_dotenv_for_agent(path.name, str(path.parent))
+    return _import_package(path), sys.modules.get(path.name)
+
+
+def load_agent(agent_dir: str | Path, agent_name: str | None = None,
+               imported: tuple[Any, ...] | None = None) -> LoadedAgent:
+    """Imports an ADK agent package as ``adk eval`` does (which lane an agent dir is:
+    :func:`evalsnap.agents.lanes.load_agent`).
 
     The package's ``agent`` module (or the package itself) exposes one of, in ``adk eval``'s
     order: ``app`` (an ADK ``App``), ``root_agent``, or ``get_agent_async`` (an async function
@@ -169,17 +85,12 @@ def load_agent(agent_dir: str | Path, agent_name: str | None = None,
     identity (naming the root itself changes nothing). With an ``app``,
     ``.app`` is then a copy of it whose ``root_agent`` is that agent, which is the runner ADK
     builds for it, so the App's plugins and configs still apply.
-    """
-    from evalsnap.langgraph import loader as langgraph_loader
 
-    framework = langgraph_loader.check_framework(framework)
-    if framework == "langgraph" or (framework is None and langgraph_loader.has_config(agent_dir)):
-        return langgraph_loader.load_agent(agent_dir, agent_name)
+    ``imported``: what :func:`import_package` returned for this dir, when the dispatcher
+    imported the package already (to detect its framework).
+    """
     path = _package_dir(agent_dir)
-    load_dotenv_for_agent(path.name, str(path.parent))
-    holder = _import_package(path)
-    if framework is None and langgraph_loader.exposes_graph(holder, sys.modules.get(path.name)):
-        return langgraph_loader.load_agent(agent_dir, agent_name)
+    holder = (imported or _imported(path))[0]
     app, root = _app_and_root(holder, path)
     app_of_root = app
     selected = root if agent_name is None else _find_sub_agent(root, agent_name, path)
@@ -210,7 +121,7 @@ def _import_package(path: Path) -> Any:
     try:
         module = importlib.import_module(path.name)
     except Exception as exc:
-        from evalsnap.langgraph.loader import missing_extra
+        from evalsnap.agents.lanes import missing_extra
 
         raise (missing_extra(path, exc)
                or AgentLoadError(f"importing agent package {path} failed: {exc!r}")) from exc

@@ -7,7 +7,7 @@ top-level ``evalsnapPlugins`` / ``metricVersions`` keys, and ``evalsnapPrices`` 
 prices for the estimated cost of a run; not a scoring rule, so no fingerprint reads it), and
 ``evalsnapTimeouts`` (a unit's deadline by metric; also not a rule), and
 ``evalsnapIdentity`` (what the agent reads from outside its package: part of the agent's
-identity, :mod:`evalsnap.adk.identity`, not of any rule).
+identity, :mod:`evalsnap.agents.identity`, not of any rule).
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ from google.adk.version import __version__ as ADK_VERSION
 from pydantic import ValidationError
 
 import evalsnap.adk.context  # noqa: F401  (installs the EvaluationContext shim first)
-from evalsnap.adk import identity, plugins
+from evalsnap.adk import plugins
 from evalsnap.adk.prices import read_prices
+from evalsnap.agents import identity
 from evalsnap.deadlines import read_metric_timeouts
 from evalsnap.errors import ConfigError, InputFileError, MetricImportError
 from evalsnap.fingerprint import fingerprint

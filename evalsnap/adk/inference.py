@@ -3,41 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import copy
-import datetime as dt
-import re
 from typing import Any
 
 from google.adk.apps.app import App
-from google.adk.evaluation.eval_case import EvalCase
+from google.adk.evaluation.eval_case import EvalCase, Invocation
 from google.adk.evaluation.evaluation_generator import EvaluationGenerator
 from google.adk.evaluation.simulation.user_simulator_provider import UserSimulatorProvider
 from google.adk.plugins.base_plugin import BasePlugin
 from google.adk.sessions.in_memory_session_service import InMemorySessionService
-from google.adk.version import __version__ as ADK_VERSION
 
 from evalsnap import settings
 from evalsnap.adk._user_code import off_loop_sync_tools
-from evalsnap.adk.agent import LoadedAgent
-from evalsnap.adk.failures import is_transient, traceback_of
+from evalsnap.agents.base import LoadedAgent, clean_state
 from evalsnap.deadlines import DeadlineExceeded, exceeded, within_inference_deadline
-from evalsnap.fingerprint import inference_fingerprint
-from evalsnap.records import InferenceRecord
 from evalsnap.records.inference import ModelUsage
-
-#: ADK writes bookkeeping such as ``__llm_request_key__`` into state.
-_INTERNAL_KEY = re.compile(r"^__.*__$")
-
-
-def now_iso() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def clean_state(state: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A detached copy without ADK's internal keys."""
-    if state is None:
-        return None
-    return {k: copy.deepcopy(v) for k, v in state.items() if not _INTERNAL_KEY.match(k)}
 
 
 class _CountingPlugin(BasePlugin):
@@ -116,7 +95,7 @@ class CapturingSessionService(InMemorySessionService):
     """Records the state of the eval session when ADK first obtains it.
 
     For a pinned existing session that is its stored state, not ``SessionInput.state``.
-    Capture is armed by :meth:`begin` (``run_inference`` calls it), so sessions a caller
+    Capture is armed by :meth:`begin` (:class:`AdkCaseRun` calls it), so sessions a caller
     prepares beforehand (``create_session`` with stored state) are not mistaken for the
     eval session.
     """
@@ -168,74 +147,56 @@ def _refusal(agent: LoadedAgent, case: EvalCase) -> RefusedCase | None:
     return None
 
 
-async def run_inference(
-    agent: LoadedAgent,
-    case: EvalCase,
-    *,
-    eval_set_id: str,
-    repetition: int = 0,
-    run_id: str = "",
-    attempt: int = 1,
-    user_simulator_config: Any = None,
-    session_service: CapturingSessionService | None = None,
-    fingerprint: str | None = None,
-) -> InferenceRecord:
-    """Runs the agent over one case; an exception becomes a ``failure`` record (with its
-    traceback, and whether a retry could fix it: :mod:`evalsnap.adk.failures`).
+class AdkCaseRun:
+    """One run of an ADK agent over one case, through ADK's ``EvaluationGenerator`` with a
+    counting plugin added to the App (:class:`~evalsnap.agents.base.CaseRun`).
 
-    ``fingerprint``: the inference key the plan computed (default: from ``agent.identity``).
+    ``user_simulator_config``: ADK's, for a ``conversation_scenario`` case;
+    ``session_service``: the service whose captured session states are the record's.
     """
-    if agent.framework == "langgraph":  # the LangGraph lane: same record, same contract
-        from evalsnap.langgraph.inference import run_graph_inference
 
-        return await run_graph_inference(agent, case, eval_set_id=eval_set_id, repetition=repetition,
-                                         run_id=run_id, attempt=attempt, fingerprint=fingerprint)
-    counter = _CountingPlugin()
-    sessions = session_service or CapturingSessionService()
-    sessions.begin()
-    base_app = agent.app or App(name=agent.name, root_agent=agent.root_agent)
-    app = base_app.model_copy(update={"plugins": [*base_app.plugins, counter]})
-    fields: dict[str, Any] = dict(
-        inference_fingerprint=fingerprint or inference_fingerprint(agent.identity, case, repetition),
-        eval_set_id=eval_set_id, eval_id=case.eval_id, repetition=repetition,
-        app_name=case.session_input.app_name if case.session_input else agent.name,
-        agent_name=agent.root_agent.name, adk_version=ADK_VERSION, attempts=attempt,
-        run_id=run_id, created_at=now_iso(), agent_manifest=agent.manifest,
-    )
-    try:
+    def __init__(self, agent: LoadedAgent, case: EvalCase, *, user_simulator_config: Any = None,
+                 session_service: CapturingSessionService | None = None) -> None:
+        self.agent, self.case, self.user_simulator_config = agent, case, user_simulator_config
+        self.counter = _CountingPlugin()
+        self.sessions = session_service or CapturingSessionService()
+        self.sessions.begin()
+        base_app = agent.app or App(name=agent.name, root_agent=agent.root_agent)
+        self.app = base_app.model_copy(update={"plugins": [*base_app.plugins, self.counter]})
+
+    @property
+    def model_calls(self) -> int:
+        return self.counter.calls
+
+    @property
+    def model_usage(self) -> list[ModelUsage] | None:
+        return self.counter.usage
+
+    @property
+    def initial_state(self) -> dict[str, Any] | None:
+        return self.sessions.initial_state
+
+    async def run(self) -> list[Invocation]:
+        agent, case = self.agent, self.case
         refused = _refusal(agent, case)
         if refused is not None:
             raise refused
         with off_loop_sync_tools():  # a blocking tool cannot hold the loop past the deadline
-            invocations = await within_inference_deadline(
+            invocations: list[Invocation] = await within_inference_deadline(
                 EvaluationGenerator._generate_inferences_from_root_agent(  # noqa: SLF001
                     root_agent=agent.root_agent,
-                    user_simulator=UserSimulatorProvider(user_simulator_config).provide(case),
+                    user_simulator=UserSimulatorProvider(self.user_simulator_config).provide(case),
                     initial_session=case.session_input,
                     session_id=None,
-                    session_service=sessions,
-                    app=app,
-                ), counter, f"the inference of case {case.eval_id!r}")
-    except Exception as exc:  # ADK's own service absorbs these too; we record them
-        return failure_record(exc, counter.calls, counter.usage, sessions.initial_state, fields)
-    final = None
-    if sessions.key is not None:
-        app_name, user_id, session_id = sessions.key
+                    session_service=self.sessions,
+                    app=self.app,
+                ), self.counter, f"the inference of case {case.eval_id!r}")
+        return invocations
+
+    async def final_state(self) -> dict[str, Any] | None:
+        if self.sessions.key is None:
+            return None
+        app_name, user_id, session_id = self.sessions.key
         session = await InMemorySessionService.get_session(
-            sessions, app_name=app_name, user_id=user_id, session_id=session_id)
-        final = clean_state(session.state) if session is not None else None
-    return InferenceRecord(
-        status="success", invocations=invocations, model_calls=counter.calls,
-        model_usage=counter.usage, initial_session_state=sessions.initial_state,
-        final_session_state=final, **fields,
-    )
-
-
-def failure_record(exc: BaseException, calls: int, usage: list[ModelUsage] | None,
-                   initial_state: dict[str, Any] | None, fields: dict[str, Any]) -> InferenceRecord:
-    """A failed inference: the error, its traceback, whether a retry could fix it, and what
-    the calls before it spent."""
-    return InferenceRecord(status="failure", error=f"{type(exc).__name__}: {exc}",
-                           traceback=traceback_of(exc), retryable=is_transient(exc),
-                           model_calls=calls, model_usage=usage,
-                           initial_session_state=initial_state, **fields)
+            self.sessions, app_name=app_name, user_id=user_id, session_id=session_id)
+        return clean_state(session.state) if session is not None else None

@@ -3,7 +3,7 @@
 Structure = nodes (with the callable each runs: qualified name and code hash), edges, tools
 (name, description, argument schema, function code), the chat models the nodes reference
 (class, identifying parameters, bound tools), state channels, subgraphs recursively, and the
-LangGraph / LangChain versions. As for ADK agents (:mod:`evalsnap.adk.identity`), the
+LangGraph / LangChain versions. As for ADK agents (:mod:`evalsnap.agents.identity`), the
 manifest also holds the non-secret ``.env`` values and what the config declares. Editing a
 tool or a node changes it (the files, the schema or both); editing an eval set does not.
 """
@@ -15,9 +15,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from evalsnap.adk import identity
-from evalsnap.adk._describe import describe_callable
-from evalsnap.adk.agent import files_manifest
+from evalsnap.agents import identity
+from evalsnap.agents.base import files_manifest
+from evalsnap.agents.code import describe_callable
 from evalsnap.fingerprint import fingerprint
 
 

@@ -20,19 +20,15 @@ import uuid
 from typing import Any
 
 from google.adk.evaluation.eval_case import EvalCase, Invocation, InvocationEvent, InvocationEvents
-from google.adk.version import __version__ as ADK_VERSION
 from google.genai import types
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
 from evalsnap import settings
-from evalsnap.adk.agent import LoadedAgent
-from evalsnap.adk.inference import clean_state, failure_record, now_iso
+from evalsnap.agents.base import LoadedAgent, clean_state
 from evalsnap.deadlines import DeadlineExceeded, exceeded, within_inference_deadline
-from evalsnap.fingerprint import inference_fingerprint
-from evalsnap.records import InferenceRecord
 
-__all__ = ["ModelCallCounter", "run_graph_inference", "to_invocation"]
+__all__ = ["GraphCaseRun", "ModelCallCounter", "to_invocation"]
 
 
 class UnsupportedCase(Exception):
@@ -316,26 +312,30 @@ class _CallWatch:
             self._watcher.cancel()
 
 
-async def run_graph_inference(agent: LoadedAgent, case: EvalCase, *, eval_set_id: str, repetition: int = 0,
-                              run_id: str = "", attempt: int = 1,
-                              fingerprint: str | None = None) -> InferenceRecord:
-    """The graph over one case, as the ADK lane's record; an exception becomes a ``failure``
-    (its tokens come from the turns' messages: ``model_usage`` stays None)."""
-    counter = ModelCallCounter()
-    fields: dict[str, Any] = dict(
-        inference_fingerprint=fingerprint or inference_fingerprint(agent.identity, case, repetition),
-        eval_set_id=eval_set_id, eval_id=case.eval_id, repetition=repetition,
-        app_name=case.session_input.app_name if case.session_input else agent.name,
-        agent_name=agent.root_agent.name, adk_version=ADK_VERSION, attempts=attempt,
-        run_id=run_id, created_at=now_iso(), agent_manifest=agent.manifest)
-    initial = None
-    try:
-        seed = _seed(agent.graph, case)
-        initial = _json_values(seed)
-        invocations, final = await within_inference_deadline(
-            _run_turns(agent, case, seed, counter), _CallWatch(counter, case.eval_id),
-            f"the inference of case {case.eval_id!r}")
-    except Exception as exc:  # the graph's own failures are the inference's, recorded
-        return failure_record(exc, counter.calls, None, initial, fields)
-    return InferenceRecord(status="success", invocations=invocations, model_calls=counter.calls,
-                           initial_session_state=initial, final_session_state=final, **fields)
+class GraphCaseRun:
+    """The graph over one case (:class:`~evalsnap.agents.base.CaseRun`): a failure's tokens
+    come from the turns' messages, so ``model_usage`` stays None; the ADK lane's options
+    (``user_simulator_config``, ``session_service``) do not apply."""
+
+    model_usage = None
+
+    def __init__(self, agent: LoadedAgent, case: EvalCase, **_options: Any) -> None:
+        self.agent, self.case = agent, case
+        self.counter = ModelCallCounter()
+        self.initial_state: dict[str, Any] | None = None
+        self._final: dict[str, Any] | None = None
+
+    @property
+    def model_calls(self) -> int:
+        return self.counter.calls
+
+    async def run(self) -> list[Invocation]:
+        seed = _seed(self.agent.graph, self.case)
+        self.initial_state = _json_values(seed)
+        invocations, self._final = await within_inference_deadline(
+            _run_turns(self.agent, self.case, seed, self.counter), _CallWatch(self.counter, self.case.eval_id),
+            f"the inference of case {self.case.eval_id!r}")
+        return invocations
+
+    async def final_state(self) -> dict[str, Any] | None:
+        return self._final

@@ -2,7 +2,8 @@
 
 A dir is a LangGraph agent when it holds a ``langgraph.json`` (the LangGraph CLI's file:
 ``{"graphs": {"name": "./agent.py:graph"}}``) or when its package exposes ``graph`` and no
-ADK agent (``app``, ``root_agent``, ``get_agent_async``). ``graph`` may be a compiled graph,
+ADK agent (``app``, ``root_agent``, ``get_agent_async``: the dispatcher,
+:mod:`evalsnap.agents.lanes`, decides). ``graph`` may be a compiled graph,
 a ``StateGraph`` (compiled here, as the LangGraph CLI does) or a function returning either
 (called with no argument, or with an empty ``RunnableConfig``).
 """
@@ -25,31 +26,21 @@ from google.adk.agents.base_agent import BaseAgent
 from google.adk.cli.utils.envs import load_dotenv_for_agent
 
 from evalsnap import startup
-from evalsnap.adk.agent import LoadedAgent, ensure_importable
+from evalsnap.agents.base import LoadedAgent, ensure_importable
 from evalsnap.errors import AgentLoadError, InputFileError, UsageError
-from evalsnap.langgraph import EXTRA_HINT, FRAMEWORKS
+from evalsnap.langgraph import EXTRA_HINT
 
 CONFIG_FILE = "langgraph.json"
-_ADK_NAMES = ("app", "root_agent", "get_agent_async")
 _EXTRA_MODULES = frozenset({"langgraph", "langchain_core"})
-
-
-def check_framework(framework: str | None) -> str | None:
-    if framework is not None and framework not in FRAMEWORKS:
-        raise UsageError(f"--framework {framework!r} is not known; use one of {', '.join(FRAMEWORKS)} "
-                         "(or leave it out to detect it from the agent dir).")
-    return framework
 
 
 def has_config(agent_dir: str | Path) -> bool:
     return (Path(agent_dir) / CONFIG_FILE).is_file()
 
 
-def exposes_graph(*holders: Any) -> bool:
-    """A module that exposes ``graph`` and no ADK agent (ADK's names win)."""
-    if any(getattr(h, n, None) is not None for h in holders for n in _ADK_NAMES):
-        return False
-    return any(getattr(h, "graph", None) is not None for h in holders)
+def exposes_graph(*modules: Any) -> bool:
+    """A module that exposes ``graph`` (an ADK agent beside it wins: :mod:`evalsnap.agents.lanes`)."""
+    return any(getattr(m, "graph", None) is not None for m in modules)
 
 
 def missing_extra(path: Path, exc: BaseException) -> AgentLoadError | None:

@@ -7,7 +7,7 @@ from google.adk.evaluation.eval_set import EvalSet
 from google.adk.version import __version__ as ADK_VERSION
 from pydantic import BaseModel, ConfigDict
 
-from evalsnap.adk.inference import now_iso
+from evalsnap.agents.base import now_iso
 from evalsnap.fingerprint import case_fingerprint
 from evalsnap.pipeline.outcomes import InferenceOutcome
 from evalsnap.records import FrozenCase, MetricRule, Snapshot, repo

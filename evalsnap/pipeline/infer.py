@@ -3,7 +3,7 @@
 One request is a *batch* of consecutive cases × repetitions, run concurrently on one event
 loop (``concurrency``), each case under one slot of the agent's model limit. Reuse is per
 case, decided by :mod:`evalsnap.pipeline.reuse`. A failed inference is recorded as a
-failure and never reused. Only a failure a retry can fix (:mod:`evalsnap.adk.failures`) is
+failure and never reused. Only a failure a retry can fix (:mod:`evalsnap.agents.failures`) is
 worth a retry of its batch (:func:`worth_retrying`); a retry of the batch does not run
 again a case that failed in a way no retry fixes.
 """
@@ -19,8 +19,8 @@ from google.adk.version import __version__ as ADK_VERSION
 from pydantic import BaseModel, ConfigDict
 
 from evalsnap.adk._user_code import contained_task_factory
-from evalsnap.adk.agent import LoadedAgent, load_agent
-from evalsnap.adk.inference import now_iso, run_inference
+from evalsnap.agents.base import LoadedAgent, now_iso
+from evalsnap.agents.lanes import load_agent, run_inference
 from evalsnap.pipeline import limits, progress, reuse, runners
 from evalsnap.pipeline.outcomes import InferenceOutcome
 from evalsnap.records import InferenceRecord, repo

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from evalsnap.adk.inference import now_iso
+from evalsnap.agents.base import now_iso
 from evalsnap.errors import EvalsnapError
 from evalsnap.pipeline.judge import JudgeRecorder, LedgerAnswer, LedgerSource, sample_ref
 from evalsnap.records import FrozenCase, LedgerEntry, MetricRule, repo

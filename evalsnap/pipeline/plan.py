@@ -11,10 +11,11 @@ from typing import Any
 from google.adk.evaluation.eval_set import EvalSet
 
 from evalsnap import settings
-from evalsnap.adk.agent import LoadedAgent, ensure_importable, load_agent
 from evalsnap.adk.config import LoadedConfig, load_config, resolve_config
 from evalsnap.adk.evalset import load_eval_set, load_initial_session
 from evalsnap.adk.targets import EvalTarget, default_config_path, resolve_targets
+from evalsnap.agents.base import LoadedAgent, ensure_importable
+from evalsnap.agents.lanes import load_agent
 from evalsnap.errors import ConfigError, InputFileError, NotFoundError, UsageError
 from evalsnap.fingerprint import inference_fingerprint, unit_fingerprint
 from evalsnap.gates import check_gate

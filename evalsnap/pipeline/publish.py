@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from evalsnap.adk.inference import now_iso
+from evalsnap.agents.base import now_iso
 from evalsnap.errors import EvalsnapError
 from evalsnap.pipeline import commits, efficiency
 from evalsnap.pipeline.outcomes import InferenceOutcome, UnitOutcome

@@ -13,8 +13,8 @@ from google.adk.evaluation.evaluator import EvalStatus, EvaluationResult
 from google.adk.evaluation.metric_evaluator_registry import MetricEvaluatorRegistry
 
 from evalsnap.adk.context import make_context, run_evaluator
-from evalsnap.adk.inference import now_iso
 from evalsnap.adk.rubrics import copy_rubrics
+from evalsnap.agents.base import now_iso
 from evalsnap.deadlines import DeadlineExceeded, exceeded, metric_timeout
 from evalsnap.fingerprint import unit_fingerprint
 from evalsnap.pipeline.judge import JudgeRecorder, LedgerSource, attach_recorder

@@ -68,7 +68,7 @@ class InferenceRecord(StoredModel):
     boundary as ``model_calls`` (AgentTool inner runs, sub-agents and retried calls
     included); None in records written before it was counted."""
     agent_manifest: dict[str, Any] | None = None
-    """What the agent was (:mod:`evalsnap.adk.identity`): package files, resolved agent
+    """What the agent was (:mod:`evalsnap.agents.identity`): package files, resolved agent
     tree, non-secret ``.env`` keys and declared inputs, by hash where a value could be
     private; the agent identity in ``inference_fingerprint`` is its fingerprint. Never a
     secret value. None in older records."""

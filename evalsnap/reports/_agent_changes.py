@@ -2,7 +2,7 @@
 
 Each inference record keeps the manifest of the agent that produced it
 (:attr:`evalsnap.records.InferenceRecord.agent_manifest`); two manifests name what changed
-(:func:`evalsnap.adk.identity.changes`): ``place_agent.instruction``, ``.env
+(:func:`evalsnap.agents.identity.changes`): ``place_agent.instruction``, ``.env
 TRAVEL_CONCIERGE_SCENARIO``, ``concierge.tools[map_tool] code``. Names only, never values.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from evalsnap.adk.identity import changes
+from evalsnap.agents.identity import changes
 from evalsnap.errors import EvalsnapError
 from evalsnap.fingerprint import fingerprint
 from evalsnap.records import EvaluationRecord, InferenceRef, repo

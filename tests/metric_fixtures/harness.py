@@ -9,9 +9,10 @@ from typing import Any
 from google.adk.evaluation.eval_case import EvalCase
 from google.adk.evaluation.eval_set import EvalSet
 
-from evalsnap.adk.agent import LoadedAgent, ensure_importable, load_agent
 from evalsnap.adk.config import LoadedConfig, resolve_config
-from evalsnap.adk.inference import CapturingSessionService, run_inference
+from evalsnap.adk.inference import CapturingSessionService
+from evalsnap.agents.base import LoadedAgent, ensure_importable
+from evalsnap.agents.lanes import load_agent, run_inference
 from evalsnap.fingerprint import case_fingerprint
 from evalsnap.pipeline.unit import score_unit
 from evalsnap.records import FrozenCase, InferenceRecord, ScoreUnit

@@ -4,7 +4,9 @@ The manifest (JSON data, no secret values) holds
 
 * ``files``: every file of the agent package that is code or data of the agent, by path,
   with a hash of its bytes (eval files, caches and credential files left out);
-* ``tree``: the resolved agent tree (:mod:`evalsnap.adk._describe`), and the ``app``;
+* what the framework's lane adds: for ADK the resolved agent ``tree``
+  (:mod:`evalsnap.adk._describe`) and the ``app``; for LangGraph the ``graph``'s structure
+  (:mod:`evalsnap.langgraph.identity`);
 * ``env``: every non-secret key of the ``.env`` ADK loads for the agent, with a hash of the
   value the agent sees (a secret-named key is left out entirely: rotating it reruns nothing);
 * ``declared``: what the config's ``evalsnapIdentity`` adds (``env`` variables and ``files``
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evalsnap.adk._describe import is_secret_name
+from evalsnap.agents.code import is_secret_name
 from evalsnap.errors import ConfigError, InputFileError
 
 __all__ = ["DeclaredInputs", "changes", "declare", "declared_inputs", "dotenv_values_of",
