@@ -106,6 +106,12 @@ def test_baseline_regressions_fixes_and_fail_on_exit_codes(cli, cold, store_dir)
         ("weather_paris", "response_match_score", "PASSED → FAILED")
     assert worse.json["baseline"]["run_id"] == again.json["run_id"]  # the newest full run
     assert worse.json["exit_code"] == 1 and worse.json["fail_on"] == "regression"
+    # show --json of that run names its baseline, regressions and fixes too
+    shown_json = cli("show", worse.json["run_id"], "--store", str(store_dir), "--json")
+    assert shown_json.code == 0, shown_json.stderr[-3000:]
+    assert shown_json.json["baseline"]["run_id"] == again.json["run_id"]
+    assert shown_json.json["regressions"] == worse.json["regressions"]
+    assert shown_json.json["fixes"] == worse.json["fixes"] == []
 
     # The same known failure against itself is no regression: --fail-on regression exits 0,
     # while the quality gate (the default) still exits 1, and never exits 0.
@@ -129,6 +135,7 @@ def test_baseline_regressions_fixes_and_fail_on_exit_codes(cli, cold, store_dir)
                      "--fail-on", "regression")
     assert shown.code == 1
     assert "REGRESSED weather_paris · response_match_score: PASSED → FAILED" in shown.stdout
+    assert "…" not in shown.stdout, "without a terminal no column is cut"
 
     # A baseline of another eval set, or one that does not exist, is bad usage (exit 2).
     missing = _run(cli, small, store_dir, "--baseline", "no-such-run")

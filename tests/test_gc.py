@@ -132,6 +132,12 @@ def test_dry_run_lists_what_would_go_and_deletes_nothing(two_sets: dict[str, Any
     assert _tree(Path(store)) == before
     table = run_inproc("gc", "--store", store, "--keep-last", "1", "--grace", "0", "--dry-run")
     assert table.code == 0 and "would remove" in table.stdout, table.stderr[-2000:]
+    for run in report["runs_kept"]:  # the table says why each run stays, as --json does
+        assert f"kept run {run['run_id']} ({run['eval_set_id']}): {run['why']}" in table.stdout
+    # with the default grace period (1 h) the runs written within it stay; the table says so
+    young = run_inproc("gc", "--store", store, "--keep-last", "1", "--dry-run")
+    assert young.code == 0, young.stderr[-2000:]
+    assert ": written within the grace period" in young.stdout, young.stdout
     assert _tree(Path(store)) == before
 
 

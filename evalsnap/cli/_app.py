@@ -24,7 +24,9 @@ from evalsnap.spec import RunSpec
 app: typer.Typer = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Auditable, reusable evaluations of Google ADK agents.")
 err: Console = Console(stderr=True)
-out: Console = Console()
+#: Without a terminal (a CI log, a pipe, a file) rich would cut tables at 80 columns
+#: (``weath…``); there every column is printed whole, ids included.
+out: Console = Console(width=None if sys.stdout.isatty() else 1000)
 
 StoreOpt = Annotated[str, typer.Option("--store", envvar="EVALSNAP_STORE",
                                        help="Store URL: local path, s3://…, gs://…")]

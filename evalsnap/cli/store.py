@@ -75,6 +75,10 @@ def gc(
     for run in report.runs_removed:
         out.print(f"{verb} run {run['run_id']} ({run['eval_set_id']}, {run['created_at']})",
                   highlight=False)
+    for run in report.runs_kept:  # why each run stays, as --json says it
+        out.print(f"kept run {run['run_id']}"
+                  + (f" ({run['eval_set_id']})" if run.get("eval_set_id") else "")
+                  + f": {run['why']}", highlight=False)
     out.print(gc_table(report))
     for line in ([report.objects_deferred] if report.objects_deferred else []) + report.warnings:
         err.print(f"[yellow]note:[/] {line}", highlight=False, soft_wrap=True)

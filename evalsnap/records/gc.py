@@ -397,7 +397,11 @@ def gc_table(report: GcReport) -> Any:
     for kind, c in report.kinds.items():
         if c.kept or c.removed or c.deferred:
             table.add_row(kind, str(c.kept), str(c.removed), f"{c.bytes:,}", str(c.deferred))
+    deferred = sum(c.deferred for c in report.kinds.values())
     table.caption = (f"{report.removed_count} file(s), {report.removed_bytes:,} bytes {verb}; "
                      f"{len(report.runs_kept)} run(s) kept, {len(report.runs_removed)} "
-                     f"{verb}; grace {report.grace_seconds:g} s")
+                     f"{verb}; grace {report.grace_seconds:g} s"
+                     + (f"; {deferred} file(s) named by no kept run were kept: younger than the "
+                        f"{report.grace_seconds:g} s grace period, or written while a run may "
+                        "have been writing (a later gc removes them)" if deferred else ""))
     return table

@@ -6,7 +6,7 @@ from typing import Any
 
 from evalsnap.errors import EvalsnapError
 from evalsnap.records import EvaluationRecord, LedgerEntry, ScoreUnit, repo
-from evalsnap.reports.summary import case_efficiency, gated, run_tokens
+from evalsnap.reports.summary import baseline_comparison, case_efficiency, gated, run_tokens
 
 
 def _ledger(store: Any, oids: list[str]) -> list[dict[str, Any]]:
@@ -63,4 +63,4 @@ def full_record(store: Any, record_oid: str, record: EvaluationRecord) -> dict[s
                      "rules": [r.model_dump(mode="json") for r in snapshot.rules]
                      if snapshot else []},
         "cases": cases,
-    }
+    } | baseline_comparison(store, record, cases, entries)
