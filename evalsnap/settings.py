@@ -76,6 +76,14 @@ class Settings(BaseSettings):
     store_timeout: float = Field(
         10.0, gt=0, description="Seconds one small store call may take (transfers and "
                                 "listings get more); Prefect's result storage uses the store")
+    public_url: str | None = Field(
+        None, description="The HTTP base the store is served at (a bucket website, a CDN, "
+                          "https://storage.googleapis.com/<bucket>/<prefix>): report links "
+                          "in artifacts, events and --json open there; unset: a URL the "
+                          "backend signs (S3, GCS with signing credentials), else the store URL")
+    link_expiry: int = Field(
+        7 * 24 * 3600, ge=60, le=7 * 24 * 3600,
+        description="Seconds a signed report link stays valid (at most 7 days, S3's limit)")
     lazy_imports: bool = Field(
         True, description="Defer ADK's heavy optional imports (Vertex SDK, pandas, nltk) "
                           "until a metric uses them")

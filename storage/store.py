@@ -18,6 +18,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from storage import _local
@@ -444,18 +445,44 @@ class Store:
 
     # -- mutable refs ---------------------------------------------------------------------
 
-    def put_ref(self, namespace: str, name: str, data: bytes, *, commit: bool = False) -> None:
+    def put_ref(self, namespace: str, name: str, data: bytes, *, commit: bool = False,
+                content_type: str | None = None) -> None:
         """Replace the ref ``namespace/name`` with ``data`` in one atomic write.
 
         ``commit=True`` (a run manifest) first makes every deferred write durable, then
-        this ref: whatever a durable commit points at is durable too.
+        this ref: whatever a durable commit points at is durable too. ``content_type``: the
+        object's ``Content-Type`` on a bucket (an HTML page opens in a browser instead of
+        downloading as ``binary/octet-stream``); a local file has none.
         """
         rel = ref_rel(namespace, name)
         data = as_bytes(data)
         self._ensure_ready()
         if commit:
             self.flush()
-        self._write_whole(rel, data, f"writing {self._url(rel)}", durable=commit)
+        self._write_whole(rel, data, f"writing {self._url(rel)}", durable=commit,
+                          content_type=content_type)
+
+    def ref_link(self, namespace: str, name: str, *, public_url: str | None = None,
+                 expires: int = 7 * 24 * 3600) -> tuple[str, int | None]:
+        """A URL a browser opens for the ref, and for how many seconds (None: no expiry).
+
+        ``public_url``: the HTTP base the store is served at (a bucket website, a CDN,
+        ``https://storage.googleapis.com/<bucket>/<prefix>``): that base + the ref's path.
+        Else a local store's ``file://`` URL; else a URL the backend signs (s3fs, gcsfs with
+        signing credentials) valid ``expires`` seconds; else the store URL itself (a
+        ``s3://``/``gs://`` URL a browser cannot open: set a public URL)."""
+        rel = ref_rel(namespace, name)
+        if public_url:
+            return f"{public_url.rstrip('/')}/{rel}", None
+        if self._b.protocol == "file":
+            return Path(self._path(rel)).as_uri(), None
+        try:
+            signed = self._b.fs.sign(self._path(rel), expiration=expires)
+        except Exception as exc:  # noqa: BLE001 - no signing credentials (or no support)
+            logger.info("cannot sign a URL for %s (%s): links name the store URL",
+                        self._url(rel), exc)
+            return self._url(rel), None
+        return str(signed), expires
 
     def put_refs(self, namespace: str, items: Mapping[str, bytes]) -> None:
         """:meth:`put_ref` for many refs of one namespace: one concurrent batch on a bucket."""
@@ -635,13 +662,17 @@ class Store:
             self._deferred(self._path(rel))
         return result
 
-    def _write_whole(self, rel: str, data: bytes, what: str, durable: bool = False) -> None:
+    def _write_whole(self, rel: str, data: bytes, what: str, durable: bool = False,
+                     content_type: str | None = None) -> None:
         """Replace a mutable file in one atomic step."""
         if self._b.protocol == "file":
             self._local(_local.write_replace, rel, data, what, durable)
             return
+        typed: dict[str, Any] = ({} if content_type is None else
+                 {"ContentType": content_type} if self._b.protocol == "s3" else
+                 {"content_type": content_type} if self._b.protocol == "gs" else {})
         try:
-            self._b.call(what, "pipe_file", self._path(rel), data, nbytes=len(data))
+            self._b.call(what, "pipe_file", self._path(rel), data, nbytes=len(data), **typed)
         except FileNotFoundError as exc:
             raise self._b.missing_bucket(what) from exc
 

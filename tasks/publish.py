@@ -3,6 +3,7 @@ beside it and the Prefect artifacts."""
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from typing import Any
 
@@ -11,7 +12,7 @@ from prefect import task
 from evalsnap.pipeline.publish import PublishRequest, publish_request
 from evalsnap.records import repo
 from evalsnap.reports.artifacts import publish_artifacts
-from evalsnap.reports.html import store_report
+from evalsnap.reports.html import report_link, store_report
 from evalsnap.reports.summary import summary
 
 logger = logging.getLogger(__name__)
@@ -24,11 +25,17 @@ def publish_task(request: PublishRequest) -> dict[str, Any]:
     store = repo.open_store(request.store_url)
     # Presentation after the commit: a signal waits only for the commit, and a page that
     # could not be written is written again by `evalsnap report RECORD` at any time.
+    link: tuple[str | None, int | None] = (None, None)
     try:  # the HTML report beside the record (v1/refs/reports/<record hex>.html)
         store_report(store, record_oid, record)
+        link = report_link(store, record_oid)
     except Exception as exc:  # noqa: BLE001 - a view of the record must not lose the run
         logger.warning("could not write the HTML report of record %s: %s", record_oid, exc)
     result = summary(store, record_oid, record)
+    # a link a browser opens (artifacts, events, --json): public, signed or local
+    result["report_url"], expires = link
+    result["report_url_expires"] = (None if expires is None else (
+        dt.datetime.now(dt.UTC) + dt.timedelta(seconds=expires)).isoformat(timespec="seconds"))
     # what a bucket bills this run for, by kind (this process's requests: the flow's)
     result["store_requests"] = store.requests.snapshot()
     publish_artifacts(result, request.store_url)

@@ -269,8 +269,14 @@ def emit_run_events(result: dict[str, Any], store_url: str) -> None:
     ``evalsnap.run.regressed`` too when it regressed against its baseline; the resource is
     the record, labelled with eval set, store, record and run (automations match them)."""
     from prefect.events import emit_event
+    from prefect.runtime import flow_run
 
     from evalsnap.reports.regressions import gate_message
+
+    try:
+        flow_run_url = flow_run.ui_url  # None outside a flow run (or without a UI URL)
+    except Exception:  # noqa: BLE001 - a link is a view; the events still go
+        flow_run_url = None
 
     for part in result["runs"] if "runs" in result else [result]:
         outcome = ("incomplete" if not part["complete"] else
@@ -283,7 +289,9 @@ def emit_run_events(result: dict[str, Any], store_url: str) -> None:
         payload = {"message": gate_message(part), "exit_code": part["exit_code"],
                    "regressions": (part.get("regressions") or [])[:20],
                    "fixes": (part.get("fixes") or [])[:20],
-                   "baseline": part.get("baseline")}
+                   "baseline": part.get("baseline"),
+                   # links a person follows from an alert: the report, the flow run in the UI
+                   "report_url": part.get("report_url"), "flow_run_url": flow_run_url}
         names = [f"evalsnap.run.{outcome}"] + (["evalsnap.run.regressed"]
                                                if part.get("regressions") else [])
         for event in names:

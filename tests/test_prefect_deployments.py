@@ -303,6 +303,12 @@ def test_gate_fails_the_flow_run_emits_events_and_names_runs(worker, flow_runs):
     assert resource["evalsnap.store"] == repo.open_store(str(store_dir)).url
     regressed = next(e for e in events if e["event"] == "evalsnap.run.regressed")
     assert regressed["payload"]["regressions"][0]["change"] == "PASSED → FAILED"
+    # the links an alert needs: the report (a local store's file:// page) and the flow run
+    report = regressed["payload"]["report_url"]
+    assert report.startswith("file://") and report.endswith(
+        oid.removeprefix("sha256:") + ".html"), report
+    assert regressed["payload"]["flow_run_url"].endswith(f"/runs/flow-run/{typed.id}"), \
+        regressed["payload"]["flow_run_url"]
     assert any(r["prefect.resource.id"] == f"prefect.flow-run.{typed.id}"
                for r in regressed["related"])
 

@@ -358,5 +358,29 @@ def test_s3_store_publishes_and_reports(tmp_path: Path) -> None:
         assert out.read_bytes() == stored, "expected the stored page and the command's to agree"
         suite = ET.parse(junit).getroot().find("testsuite")
         assert suite is not None and suite.get("failures") == "1"  # cart_state_mismatch
+
+        # One click away: stored as an HTML page, and --json's link (signed: no public URL
+        # is set) opens it over plain HTTP, without credentials, until it expires
+        import httpx
+
+        assert fs.info(key)["ContentType"] == "text/html; charset=utf-8"
+        link = r.json["report_url"]
+        assert link.startswith(server.url) and "Signature" in link, link
+        import datetime as dt
+
+        expires = dt.datetime.fromisoformat(r.json["report_url_expires"])
+        assert dt.timedelta(days=6) < expires - dt.datetime.now(dt.UTC) <= dt.timedelta(days=7)
+        got = httpx.get(link, timeout=30)
+        assert got.status_code == 200 and got.content == stored
+        assert got.headers["content-type"].startswith("text/html")
+        # with a public base URL the link is that base + the page's path, with no expiry
+        public = run_inproc("run", str(agent), str(agent / "shop.evalset.json"), "--store", url,
+                            "--storage-option", option, "--case", "weather_paris", "--json",
+                            env={**env, "EVALSNAP_PUBLIC_URL": "https://evals.example.com/n/"})
+        assert public.code == 0, public.stderr[-3000:]
+        assert public.json["report_url"] == (
+            "https://evals.example.com/n/v1/refs/reports/"
+            f"{public.json['record_id'].removeprefix('sha256:')}.html")
+        assert public.json["report_url_expires"] is None
     finally:
         server.stop()

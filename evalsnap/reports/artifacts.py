@@ -161,14 +161,16 @@ def publish_artifacts(result: dict[str, Any], store_url: str | None = None) -> d
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     ids: dict[str, Any] = {}
-    report = _stored_report(result, store_url)
+    report = result.get("report_url")  # publish wrote the page and made its link
     try:
         ids["table"] = create_table_artifact(
             score_rows(result), key=artifact_key(result["eval_set_id"], "scores"),
             description=f"Scores per case and metric, {result['kind']} {result['run_id']}")
         ids["summary"] = create_markdown_artifact(
             summary_markdown(result, store_url)
-            + (f"\nHTML report: [{report}]({report})\n" if report else ""),
+            + (f"\nHTML report: [{report}]({report})" + (
+                f" (a signed link, valid until {result['report_url_expires']})"
+                if result.get("report_url_expires") else "") + "\n" if report else ""),
             key=artifact_key(result["eval_set_id"], "summary"),
             description=f"Summary of {result['kind']} {result['run_id']}")
     except Exception as exc:  # noqa: BLE001 - the record is published; artifacts are a view
@@ -186,23 +188,6 @@ def publish_artifacts(result: dict[str, Any], store_url: str | None = None) -> d
             logger.warning("could not create the report link artifact: %s", exc)
     return ids
 
-
-def _stored_report(result: dict[str, Any], store_url: str | None) -> str | None:
-    """The URL of the run's HTML report in the store (``file://`` for a local store), if
-    publishing wrote one."""
-    if not store_url or not result.get("record_id"):
-        return None
-    try:
-        from evalsnap.records import repo
-        from evalsnap.reports.html import REPORTS, report_name, report_url
-
-        store = repo.open_store(store_url)
-        if store.get_ref(REPORTS, report_name(result["record_id"])) is None:
-            return None
-        return report_url(store, result["record_id"])
-    except Exception as exc:  # noqa: BLE001 - a link is a view
-        logger.warning("could not look up the HTML report: %s", exc)
-        return None
 
 
 class RunProgress:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import json
-from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -62,22 +61,31 @@ def report_name(record_oid: str) -> str:
     return f"{repo.hexof(record_oid)}.html"
 
 
+def report_link(store: Any, record_oid: str) -> tuple[str, int | None]:
+    """A URL a browser opens for the stored page of a record, and for how many seconds
+    (None: no expiry): ``EVALSNAP_PUBLIC_URL`` + its path, a local ``file://`` URL, a URL
+    the backend signs (``EVALSNAP_LINK_EXPIRY``), else the store URL
+    (:meth:`storage.Store.ref_link`)."""
+    from evalsnap import settings
+
+    s = settings.get()
+    return store.ref_link(REPORTS, report_name(record_oid), public_url=s.public_url,  # type: ignore[no-any-return]
+                          expires=s.link_expiry)
+
+
 def report_url(store: Any, record_oid: str) -> str:
-    """Where the stored page of a record is: a ``file://`` URL for a local store."""
-    rel = f"v1/refs/{REPORTS}/{report_name(record_oid)}"
-    if "://" not in store.url:
-        return (Path(store.url) / rel).as_uri()
-    return f"{store.url.rstrip('/')}/{rel}"
+    """Where the stored page of a record is, as :func:`report_link` gives it."""
+    return report_link(store, record_oid)[0]
 
 
-def store_report(store: Any, record_oid: str, record: EvaluationRecord) -> str:
+def store_report(store: Any, record_oid: str, record: EvaluationRecord) -> None:
     """Writes the history point and the page of a record beside it (``v1/refs/reports/
-    <record hex>.json`` and ``.html``); returns the page's URL."""
+    <record hex>.json`` and ``.html``, the page as ``text/html; charset=utf-8``)."""
     point = run_point(store, record_oid, record)
     save_point(store, point)
     page = render(store, record_oid, record, current=point)
-    store.put_ref(REPORTS, report_name(record_oid), page.encode())
-    return report_url(store, record_oid)
+    store.put_ref(REPORTS, report_name(record_oid), page.encode(),
+                  content_type="text/html; charset=utf-8")
 
 
 def changes(store: Any, record_oid: str, record: EvaluationRecord,
