@@ -172,3 +172,25 @@ def test_a_damaged_cached_task_result_is_a_finding_and_deleting_it_clears_it(
     assert bad.json["task_results"] == 1
     Path(problem["location"]).unlink()
     assert run_inproc("verify", "--store", store.url).code == 0
+
+
+def test_a_missing_page_is_noted_not_failed_and_report_writes_it_again(
+        golden_demo, tmp_path: Path) -> None:
+    """The page is written after the commit, best effort: a store without it is sound
+    (``verify`` exits 0 and notes it), and ``report RUN --store-page`` writes it again."""
+    _, store, cold = golden_demo.copy(tmp_path)
+    run_id, record_id = cold.json["run_id"], cold.json["record_id"]
+    page = store / "v1" / "refs" / "reports" / (record_id.removeprefix("sha256:") + ".html")
+    original = page.read_bytes()
+    clean = run_inproc("verify", "--store", str(store), "--json")
+    assert clean.code == 0 and clean.json["notes"] == [], clean.stdout[-2000:]
+    page.unlink()
+    noted = run_inproc("verify", "--store", str(store), "--json")
+    assert noted.code == 0 and noted.json["ok"] is True, noted.stdout[-2000:]
+    [note] = noted.json["notes"]
+    assert run_id in note and "--store-page" in note
+    again = run_inproc("report", run_id, "--store-page", "--store", str(store))
+    assert again.code == 0, again.stderr[-2000:]
+    assert page.is_file() and page.read_bytes().startswith(b"<!doctype html>")
+    assert len(page.read_bytes()) > len(original) // 2
+    assert run_inproc("verify", "--store", str(store), "--json").json["notes"] == []

@@ -43,18 +43,25 @@ def report(
         "--last", min=1, help="Runs of the eval set in the page's trend, this one included")] = 10,
     baseline: Annotated[str | None, typer.Option(
         help="Record to mark regressions against (default: the record's previous record)")] = None,
+    store_page: Annotated[bool, typer.Option(
+        "--store-page", help="Write the record's page into the store beside it, as its run "
+                             "does (for a page the run could not write: `verify` notes it)")] = False,
 ) -> None:
     """Write a record as an HTML page (trend, failing cases first, judge ledger) and/or JUnit XML."""
-    from evalsnap.reports.html import render
+    from evalsnap.reports.html import render, report_url, store_report
     from evalsnap.reports.junit import junit_xml
 
     with _handled():
-        if not html_out and not junit_out:
-            raise errors.UsageError("say what to write: --html OUT.html and/or --junit FILE.xml.")
-        s = _open_store(store, storage_option)
+        if not html_out and not junit_out and not store_page:
+            raise errors.UsageError("say what to write: --html OUT.html, --junit FILE.xml "
+                                    "and/or --store-page.")
+        s = _open_store(store, storage_option, write=store_page)
         oid, rec = repo.resolve_record(s, record)
         base = repo.resolve_record(s, baseline)[0] if baseline else None
         written = []
+        if store_page:
+            store_report(s, oid, rec)
+            written.append(report_url(s, oid))
         if html_out:
             page = render(s, oid, rec, trend_runs=last, baseline_oid=base)
             written.append(_write(html_out, page.encode("utf-8"), "HTML report"))

@@ -43,6 +43,8 @@ def verify(
         for f in report.findings:
             err.print(f"[red]{f.kind}[/] {escape(f.location)}: {escape(f.message)}", highlight=False,
                       soft_wrap=True)
+        for note in report.notes:
+            err.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
         out.print("ok: nothing wrong" if report.ok else
                   f"{len(report.findings)} problem(s) found", highlight=False)
     raise typer.Exit(exitcodes.exit_code(exitcodes.Findings(found=not report.ok)))

@@ -39,6 +39,7 @@ from evalsnap.records import (
     repo,
 )
 from evalsnap.records.task_results import record_value
+from evalsnap.reports.history import REPORTS
 from storage import OBJECT_KINDS, Store, TooLarge
 
 __all__ = ["Finding", "VerifyReport", "verify_store"]
@@ -80,6 +81,10 @@ class VerifyReport:
     task_results: int = 0
     """Number of cached Prefect task results checked."""
     findings: list[Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What is missing but no problem (``ok`` stays true): a run's HTML page, which the run
+    writes after its commit, best effort, and ``evalsnap report RUN --store-page`` writes
+    again."""
 
     @property
     def ok(self) -> bool:
@@ -88,7 +93,7 @@ class VerifyReport:
     def as_dict(self) -> dict[str, Any]:
         return {"store": self.store, "ok": self.ok, "objects": self.objects, "runs": self.runs,
                 "index_entries": self.index_entries, "task_results": self.task_results,
-                "problems": [asdict(f) for f in self.findings]}
+                "problems": [asdict(f) for f in self.findings], "notes": self.notes}
 
 
 class _Objects:
@@ -200,12 +205,14 @@ def _links(record: EvaluationRecord, objects: _Objects) -> Iterable[tuple[str, s
                 yield "judge", entry, f"judge ledger entry of {what}"
 
 
-def _check_manifest(store: Store, name: str, objects: _Objects, report: VerifyReport) -> None:
+def _check_manifest(store: Store, name: str, objects: _Objects,
+                    report: VerifyReport) -> str | None:
+    """Checks one run manifest and what it names; returns its record's id (None: unreadable)."""
     url = _manifest_url(store, name)
     manifest, error = _read_manifest(store, name)
     if manifest is None:
         report.findings.append(Finding("manifest", url, error or "unreadable", run_id=name))
-        return
+        return None
     if _in_the_future(manifest.created_at):
         report.findings.append(Finding(
             "manifest", url, f"manifest says it was created at {manifest.created_at}, in the "
@@ -238,6 +245,7 @@ def _check_manifest(store: Store, name: str, objects: _Objects, report: VerifyRe
             report.findings.append(Finding(
                 "manifest", url, f"run {name}: {what}: {problem}; {_REPAIR.get(kind, _NO_REPAIR)}",
                 oid or None, name))
+    return manifest.record_oid
 
 
 #: How a damaged object is repaired: objects hold no run id or time (``VOLATILE``), so the
@@ -286,8 +294,14 @@ def verify_store(store: Store) -> VerifyReport:
     objects = _scan_objects(store, report)
     names = store.list_refs("runs")
     report.runs = len(names)
-    for name in names:
-        _check_manifest(store, name, objects, report)
+    records = {name: _check_manifest(store, name, objects, report) for name in names}
+    pages = set(store.list_refs(REPORTS))
+    for name, record_oid in records.items():
+        if record_oid and f"{record_oid.split(':', 1)[-1]}.html" not in pages:
+            report.notes.append(
+                f"run {name}: its HTML page is missing (a run writes it after its commit, "
+                f"best effort); `evalsnap report {name} --store-page --store {store.url}` "
+                "writes it again")
     _check_indexes(store, report)
     _check_task_results(store, report)
     return report
