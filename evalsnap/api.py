@@ -169,6 +169,7 @@ def run_spec(spec: RunSpec, *, storage_options: dict[str, str] | None = None,
     from evalsnap.pipeline.runners import resolve_runner
     from evalsnap.records import repo
 
+    spec = spec.model_copy(update={"store": spec.store or settings.get().store})
     check_store_url(spec.store)
     task_runner, dask_address = resolve_runner(spec.task_runner, spec.dask_address)
     spec = spec.model_copy(update={"task_runner": task_runner, "dask_address": dask_address})

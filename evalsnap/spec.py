@@ -79,8 +79,9 @@ class RunSpec(BaseModel):
     in doubt, up to this many per case (:mod:`evalsnap.pipeline.stability`); None: off."""
 
     # ---- where, and how it reuses -------------------------------------------------------
-    store: str = ".evalsnap"
-    """The store URL: a local path, ``s3://…``, ``gs://…``, ``memory://…``."""
+    store: str = ""
+    """The store URL: a local path, ``s3://…``, ``gs://…``, ``memory://…``; empty: the one
+    store setting, ``EVALSNAP_STORE``, else ``.evalsnap``."""
     reuse: bool = False
     """Reuse complete, compatible earlier work (inference, units, judge answers)."""
     force: bool = False

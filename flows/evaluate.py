@@ -20,6 +20,7 @@ from evalsnap.reports.suite import combined
 from evalsnap.spec import RunOptions, RunSpec
 from tasks import freeze_task, publish_task, run_inference, run_scoring, scoring_pool
 from tasks.support import (
+    STORE_DEFAULT,
     Names,
     Text,
     as_data,
@@ -31,7 +32,6 @@ from tasks.support import (
     with_parameter_docs,
 )
 
-DEFAULT_STORE = ".evalsnap"
 #: Where relative paths of a deployment's parameters start (said in every path's help).
 RELATIVE = "relative paths start at the flow run's working directory (a deployment's: the project directory)"
 RunnerChoice = Literal["default", "threads", "dask"]
@@ -80,7 +80,7 @@ def evaluate(
     config: Annotated[Text, Field(description=(
         f"test_config.json; empty: the one beside each eval set; {RELATIVE}"))] = "",
     store: Annotated[str, Field(description=(
-        f"Store URL: a local path, s3://…, gs://…; {RELATIVE}"))] = DEFAULT_STORE,
+        f"Store URL: a local path, s3://…, gs://…; empty: {STORE_DEFAULT}; {RELATIVE}"))] = "",
     reuse: Annotated[bool, Field(description="Reuse complete, compatible earlier work")] = False,
     force: Annotated[bool, Field(description="Score every unit again even if reusable")] = False,
     metrics: Annotated[Names, Field(description=(

@@ -9,9 +9,7 @@ from pydantic import Field
 
 from evalsnap.records import repo
 from evalsnap.records.gc import DEFAULT_GRACE, collect, parse_duration
-from tasks.support import with_parameter_docs
-
-DEFAULT_STORE = ".evalsnap"
+from tasks.support import STORE_DEFAULT, with_parameter_docs
 
 
 def _markdown(report: dict[str, Any]) -> str:
@@ -32,7 +30,8 @@ def _markdown(report: dict[str, Any]) -> str:
 @flow(name="evalsnap-gc", validate_parameters=True)
 @with_parameter_docs
 def gc(
-    store: Annotated[str, Field(description="Store URL: a local path, s3://…, gs://…")] = DEFAULT_STORE,
+    store: Annotated[str, Field(description=(
+        f"Store URL: a local path, s3://…, gs://…; empty: {STORE_DEFAULT}"))] = "",
     keep_last: Annotated[int, Field(ge=0, description=(
         "Keep the newest N runs of each eval set (0: no count rule); the newest run and the "
         "newest full run of each eval set are always kept"))] = 14,
@@ -47,7 +46,9 @@ def gc(
     """Remove old runs and every object no kept run names; safe while other runs write."""
     from prefect.artifacts import create_markdown_artifact
 
-    report = collect(repo.open_store(store), keep_last=keep_last or None,
+    from evalsnap import settings
+
+    report = collect(repo.open_store(store or settings.get().store), keep_last=keep_last or None,
                      older_than_days=older_than_days or None, grace=parse_duration(grace),
                      dry_run=dry_run).as_dict()
     create_markdown_artifact(markdown=_markdown(report), key="evalsnap-gc",

@@ -19,7 +19,6 @@ from evalsnap.spec import RunSpec
 from flows.evaluate import (
     ALPHA_HELP,
     BASELINE_HELP,
-    DEFAULT_STORE,
     FAIL_ON_HELP,
     GATE_HELP,
     RELATIVE,
@@ -28,6 +27,7 @@ from flows.evaluate import (
 )
 from tasks import freeze_task, publish_task, run_scoring
 from tasks.support import (
+    STORE_DEFAULT,
     Names,
     Text,
     as_data,
@@ -59,7 +59,7 @@ def rescore(
     config: Annotated[Text, Field(description=(
         f"test_config.json; empty: the one beside the eval set, else the frozen rules; {RELATIVE}"))] = "",
     store: Annotated[str, Field(description=(
-        f"Store URL: a local path, s3://…, gs://…; {RELATIVE}"))] = DEFAULT_STORE,
+        f"Store URL: a local path, s3://…, gs://…; empty: {STORE_DEFAULT}; {RELATIVE}"))] = "",
     reuse: Annotated[bool, Field(description="Reuse complete, compatible earlier units")] = True,
     force: Annotated[bool, Field(description="Score every unit again")] = False,
     metrics: Annotated[Names, Field(description=(

@@ -193,13 +193,20 @@ def absolute_evalset(spec: str) -> str:
     return spec
 
 
+#: What an empty store parameter means: one store setting for every deployment (the work
+#: pool's job variables, or the worker's environment), not one per deployment.
+STORE_DEFAULT = "$EVALSNAP_STORE (e.g. in the work pool's job variables), else .evalsnap"
+
+
 def resolved(spec: Any) -> Any:
     """A flow's :class:`~evalsnap.spec.RunSpec` with its paths resolved against the flow
-    run's working directory (:func:`absolute`), so every error names the resolved path."""
+    run's working directory (:func:`absolute`), so every error names the resolved path, and
+    an empty store the one store setting (``EVALSNAP_STORE``, else ``.evalsnap``)."""
     def path(value: str | None) -> str | None:
         return absolute(value) or None if value else None
 
     return spec.model_copy(update={
+        "store": spec.store or settings.get().store,  # "": the one store setting
         "agent_dir": path(spec.agent_dir), "config": path(spec.config),
         "initial_session_file": path(spec.initial_session_file),
         "evalsets": [absolute_evalset(e) for e in spec.evalsets],

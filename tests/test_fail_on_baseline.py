@@ -182,6 +182,27 @@ def test_flow_returns_failed_state_after_publishing(small, store_dir):
     assert never.is_completed() and never.result()["exit_code"] == 0
 
 
+def test_an_empty_store_parameter_is_the_store_setting(small, store_dir, monkeypatch):
+    """A deployment's empty ``store`` is ``EVALSNAP_STORE`` (the work pool's job variables):
+    the store is set in one place for every deployment."""
+    from evalsnap import settings
+    from evalsnap.records import repo
+    from flows.evaluate import evaluate
+
+    monkeypatch.setenv("EVALSNAP_STORE", str(store_dir))
+    settings.reload()
+    try:
+        state = evaluate(agent_dir=str(small["agent"]), evalset=str(small["evalset"]),
+                         config=str(small["config"]), store="", reuse=True, fail_on="never",
+                         return_state=True)
+    finally:
+        monkeypatch.delenv("EVALSNAP_STORE")
+        settings.reload()
+    result = state.result()
+    oid, _ = repo.resolve_record(repo.open_store(str(store_dir)), result["run_id"])
+    assert oid == result["record_id"]
+
+
 def _summary(**units: tuple[str, float | None, bool]) -> dict:
     return {"cases": [{"eval_id": k.split("__")[0], "repetition": 0, "metrics": {
         k.split("__")[1]: {"status": s, "score": score, "complete": complete}}}

@@ -52,11 +52,18 @@ def test_every_entrypoint_loads_with_its_parameters(monkeypatch):
             assert all(v is not None for v in deployment["parameters"].values()), name
     nightly = deployments["nightly-eval"]
     assert nightly["parameters"]["reuse"] is True
-    assert nightly["parameters"]["baseline"] == "latest"  # compares with the previous night
+    assert nightly["parameters"]["baseline"] in ("latest", "last-good")  # an earlier good night
     [schedule] = nightly["schedules"]
     assert schedule["cron"] and schedule["timezone"]
     assert schedule["timezone"] in nightly["description"]
     assert deployments["rerun"]["parameters"]["run_or_snapshot"] == "latest"
+    # One store setting: every deployment's store parameter is empty (the flow then reads
+    # EVALSNAP_STORE), and the pool's job variables set it once for all of them
+    assert {d["name"]: d["parameters"]["store"] for d in deployments.values()} == \
+        dict.fromkeys(deployments, "")
+    assert {d["work_pool"]["job_variables"]["env"]["EVALSNAP_STORE"]
+            for d in deployments.values()} == {".evalsnap"}
+    assert (ROOT / "prefect.yaml").read_text().count("EVALSNAP_STORE:") == 1
 
 
 def _prefect(*args: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
