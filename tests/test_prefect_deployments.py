@@ -314,7 +314,7 @@ def test_gate_fails_the_flow_run_emits_events_and_names_runs(worker, flow_runs):
     report = regressed["payload"]["report_url"]
     assert report.startswith("file://") and report.endswith(
         oid.removeprefix("sha256:") + ".html"), report
-    assert regressed["payload"]["flow_run_url"].endswith(f"/runs/flow-run/{typed.id}"), \
+    assert regressed["payload"]["flow_run_url"].endswith(f"/flow-run/{typed.id}"), \
         regressed["payload"]["flow_run_url"]
     assert any(r["prefect.resource.id"] == f"prefect.flow-run.{typed.id}"
                for r in regressed["related"])

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import Annotated, Any, Literal
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 
 from evalsnap import errors, exitcodes
@@ -23,10 +23,25 @@ from evalsnap.spec import RunSpec
 
 app: typer.Typer = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Auditable, reusable evaluations of Google ADK agents.")
+class _WholeColumns(Console):
+    """rich's Console, but where its output is no terminal (a CI log, a pipe, a file) and
+    ``COLUMNS`` says nothing, tables keep every column whole (ids included) instead of
+    being cut at 80 columns (``weath…``); on a terminal, its width as usual."""
+
+    @property  # type: ignore[override]
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if self._width is None and not self.is_terminal and not self._environ.get("COLUMNS"):
+            return ConsoleDimensions(1000, size.height)
+        return size
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+
+
 err: Console = Console(stderr=True)
-#: Without a terminal (a CI log, a pipe, a file) rich would cut tables at 80 columns
-#: (``weath…``); there every column is printed whole, ids included.
-out: Console = Console(width=None if sys.stdout.isatty() else 1000)
+out: Console = _WholeColumns()
 
 StoreOpt = Annotated[str, typer.Option("--store", envvar="EVALSNAP_STORE",
                                        help="Store URL: local path, s3://…, gs://…")]
