@@ -76,6 +76,9 @@ class Settings(BaseSettings):
     store_timeout: float = Field(
         10.0, gt=0, description="Seconds one small store call may take (transfers and "
                                 "listings get more); Prefect's result storage uses the store")
+    user: str | None = Field(
+        None, description="Who accepts or pins a run (`evalsnap accept`, `pin`), as recorded "
+                          "in the store; default: the operating system's user name")
     lazy_imports: bool = Field(
         True, description="Defer ADK's heavy optional imports (Vertex SDK, pandas, nltk) "
                           "until a metric uses them")
@@ -88,7 +91,7 @@ class Settings(BaseSettings):
         return value
 
     @field_validator("task_runner", "dask_address", "infer_batch", "cpu_slots", "dask_workers",
-                     "retries", "score_processes", mode="before")
+                     "retries", "score_processes", "user", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value

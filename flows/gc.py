@@ -9,6 +9,7 @@ from pydantic import Field
 
 from evalsnap.records import repo
 from evalsnap.records.gc import DEFAULT_GRACE, collect, parse_duration
+from evalsnap.reports.lastgood import is_good
 from tasks.support import with_parameter_docs
 
 DEFAULT_STORE = ".evalsnap"
@@ -34,8 +35,9 @@ def _markdown(report: dict[str, Any]) -> str:
 def gc(
     store: Annotated[str, Field(description="Store URL: a local path, s3://…, gs://…")] = DEFAULT_STORE,
     keep_last: Annotated[int, Field(ge=0, description=(
-        "Keep the newest N runs of each eval set (0: no count rule); the newest run and the "
-        "newest full run of each eval set are always kept"))] = 14,
+        "Keep the newest N runs of each eval set (0: no count rule); the newest run, the "
+        "newest full run and the last-good run of each eval set, and pinned and accepted "
+        "runs, are always kept"))] = 14,
     older_than_days: Annotated[float, Field(ge=0, description=(
         "Remove runs older than this many days (0: no age rule); with keep_last, only runs "
         "beyond the newest N"))] = 0,
@@ -47,7 +49,7 @@ def gc(
     """Remove old runs and every object no kept run names; safe while other runs write."""
     from prefect.artifacts import create_markdown_artifact
 
-    report = collect(repo.open_store(store), keep_last=keep_last or None,
+    report = collect(repo.open_store(store), good=is_good, keep_last=keep_last or None,
                      older_than_days=older_than_days or None, grace=parse_duration(grace),
                      dry_run=dry_run).as_dict()
     create_markdown_artifact(markdown=_markdown(report), key="evalsnap-gc",
