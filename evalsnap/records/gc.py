@@ -4,8 +4,13 @@ Mark and sweep over one listing of the store (:func:`storage.gc.list_files`):
 
 * **Runs kept.** Per eval set: the newest run, the newest *full* run (``latest`` and the
   default baseline), the run the eval set's ``latest`` pointer (``refs/index/evalset``)
-  names, the ``keep_last`` newest, those younger than ``older_than_days``, and every run
-  whose manifest is younger than the grace period or cannot be read. The rest are removed.
+  names, pinned and accepted runs and the ``last-good`` run (:mod:`evalsnap.records.marks`;
+  a mark that cannot be read keeps the run it is filed under), the ``keep_last`` newest,
+  those younger than ``older_than_days``, and every run whose manifest is younger than the
+  grace period or cannot be read. The rest are removed, each after its tombstone is written
+  (``refs/tombstones/…``: a later reference to it says when gc removed it); a run pinned or
+  accepted while gc ran is spared, and then nothing else is swept. Pins, acceptances and
+  tombstones are never removed.
 * **Marked.** Everything a kept run names, followed through the records: manifest → record
   → snapshot, inference, units → judge ledger entries → the entry a ledger answer was
   copied from (``reused_from``); the same from every object, index entry and Prefect result

@@ -35,7 +35,7 @@ from evalsnap import settings
 from evalsnap.errors import CorruptRecordError, EvalsnapError, UsageError
 from evalsnap.records import RunManifest, repo
 from evalsnap.records._base import first_problem, parse_stored
-from storage import Store, TooLarge
+from storage import InvalidId, Store, TooLarge
 from storage.gc import list_files
 from storage.ids import OID_PATTERN
 
@@ -147,6 +147,9 @@ def read_mark(store: Store, cls: type[M], namespace: str, name: str) -> M | None
     except TooLarge as exc:
         raise CorruptRecordError(f"{where} is larger than a mark can be ({exc}); run "
                                  "`evalsnap verify` and delete it.") from exc
+    except InvalidId as exc:  # a planted file: evalsnap never writes such a name
+        raise CorruptRecordError(f"{where} is not a mark evalsnap writes ({exc}); delete "
+                                 "it.") from exc
     if data is None:
         return None
     return parse_mark(cls, data, where=where, namespace=namespace, name=name)

@@ -8,6 +8,7 @@ Layout (under the store URL, see README "Store layout"):
 * ``v1/refs/index/unit/<hex>``        unit fingerprint → latest complete unit
 * ``v1/refs/index/evalset/<id>``      eval set → latest record (parent of the next)
 * ``v1/refs/index/judge/<hex>``       judge request key # sample → the ledger entry answering it
+* ``v1/refs/accepted|pins|tombstones/…``  marks of runs (:mod:`evalsnap.records.marks`)
 
 Every read goes through one parse (:func:`evalsnap.records._base.parse_stored`), so stored
 bytes that are wrong in any way are a typed error, never a crash. Indexes are only hints:
