@@ -243,3 +243,10 @@ def test_damaged_marks_are_findings_not_crashes(nights: dict[str, Any], store_co
     assert not (refs / "pins" / ids["n2"]).exists()
     too_long = run_inproc("pin", ids["n3"], "--label", "x" * 3000, "--store", store)
     assert too_long.code == 2 and "at most" in too_long.stderr
+    # a label is a person's text, printed as it is (never read as rich markup)
+    odd = run_inproc("pin", ids["n3"], "--label", "[/] [red]x", "--store", store)
+    assert odd.code == 0 and "[/] [red]x" in odd.stdout, odd.stdout + odd.stderr[-3000:]
+    wide = {"COLUMNS": "400"}
+    for args in (("gc", "--keep-last", "1", "--grace", "0", "--dry-run"), ("ls",)):
+        shown = run_inproc(*args, "--store", store, env=wide)
+        assert shown.code == 0 and "pinned ([/] [red]x)" in shown.stdout, shown.stderr[-3000:]

@@ -82,10 +82,11 @@ def gc(
     for run in report.runs_removed:
         out.print(f"{verb} run {run['run_id']} ({run['eval_set_id']}, {run['created_at']})",
                   highlight=False)
-    for run in report.runs_kept:  # why each run stays, as --json says it
-        out.print(f"kept run {run['run_id']}"
-                  + (f" ({run['eval_set_id']})" if run.get("eval_set_id") else "")
-                  + f": {run['why']}", highlight=False)
+    for run in report.runs_kept:  # why each run stays, as --json says it (a pin's label
+        # is a person's text: printed as it is, never read as markup)
+        out.print(escape(f"kept run {run['run_id']}"
+                         + (f" ({run['eval_set_id']})" if run.get("eval_set_id") else "")
+                         + f": {run['why']}"), highlight=False)
     out.print(gc_table(report))
     for line in ([report.objects_deferred] if report.objects_deferred else []) + report.warnings:
         err.print(f"[yellow]note:[/] {line}", highlight=False, soft_wrap=True)
@@ -150,10 +151,10 @@ def accept(
     if as_json:
         _print_json({"store": s.url, "accepted": mark.model_dump()})
         return
-    out.print(f"accepted run {mark.run_id} ({mark.eval_set_id}) by {mark.by} on {mark.at}"
-              + (f": {mark.note}" if mark.note else "") + "; `--baseline last-good` compares "
-              "with it from now on (until a newer run passes its gate), and gc keeps it",
-              highlight=False)
+    out.print(escape(f"accepted run {mark.run_id} ({mark.eval_set_id}) by {mark.by} on "
+                     f"{mark.at}" + (f": {mark.note}" if mark.note else "")
+                     + "; `--baseline last-good` compares with it from now on (until a newer "
+                     "run passes its gate), and gc keeps it"), highlight=False)
 
 
 @app.command()
@@ -174,9 +175,10 @@ def pin(
     if as_json:
         _print_json({"store": s.url, "pinned": mark.model_dump()})
         return
-    out.print(f"pinned run {mark.run_id} ({mark.eval_set_id})"
-              + (f" as {mark.label!r}" if mark.label else "") + f" by {mark.by} on {mark.at}; "
-              f"gc keeps it until `evalsnap unpin {mark.run_id}`", highlight=False)
+    out.print(escape(f"pinned run {mark.run_id} ({mark.eval_set_id})"
+                     + (f" as {mark.label!r}" if mark.label else "")
+                     + f" by {mark.by} on {mark.at}; gc keeps it until "
+                     f"`evalsnap unpin {mark.run_id}`"), highlight=False)
 
 
 @app.command()
@@ -201,5 +203,5 @@ def unpin(
     if as_json:
         _print_json({"store": s.url, "unpinned": run_id})
         return
-    out.print(f"unpinned run {run_id}: gc may remove it again (unless another rule keeps it)",
-              highlight=False)
+    out.print(escape(f"unpinned run {run_id}: gc may remove it again (unless another rule "
+                     "keeps it)"), highlight=False)

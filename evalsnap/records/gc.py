@@ -298,9 +298,9 @@ class _Gc:
         """Runs kept whatever the rules say, and why: pinned, accepted, and the last-good of
         each eval set (:mod:`evalsnap.records.marks`). A pin or acceptance that cannot be
         read keeps the run it is filed under (keeping too much is safe)."""
-        why: dict[str, str] = {}
+        why: dict[str, list[str]] = defaultdict(list)
         acceptances: dict[str, marks.Acceptance] = {}
-        for kind, name, _ in self.refs:
+        for kind, name, _ in sorted(self.refs, key=lambda r: r[0] != "pin"):  # pins first
             if kind not in ("pin", "accepted"):
                 continue
             folder, _, run = name.rpartition("/")
@@ -312,20 +312,21 @@ class _Gc:
             except CorruptRecordError as exc:
                 self.report.warnings.append(f"{kind} of run {run} cannot be read; the run is "
                                             f"kept: {exc}")
-                why.setdefault(run, f"{'pinned' if kind == 'pin' else 'accepted'} (its "
-                                    "mark cannot be read; run `evalsnap verify`)")
+                why[run].append(f"{'pinned' if kind == 'pin' else 'accepted'} (its mark "
+                                "cannot be read; run `evalsnap verify`)")
                 continue
             if isinstance(mark, marks.Pin):
-                why.setdefault(run, f"pinned ({mark.label})" if mark.label else "pinned")
+                why[run].append(f"pinned ({mark.label})" if mark.label else "pinned")
             elif isinstance(mark, marks.Acceptance):
                 acceptances[run] = mark
-                why.setdefault(run, marks.accepted_why(mark))
+                why[run].append(marks.accepted_why(mark))
         for runs in _by_set(self.manifests, self.listing):
             full = [m for _, m in runs if getattr(m, "full", None) is not False]
             found = marks.pick_last_good(self.store, full, acceptances, self.good)
-            if found is not None:
-                why.setdefault(repo.ref_name(found.manifest.run_id), "last-good of its eval set")
-        return why
+            name = repo.ref_name(found.manifest.run_id) if found is not None else ""
+            if found is not None and name not in why:
+                why[name].append("last-good of its eval set")
+        return {name: "; ".join(reasons) for name, reasons in why.items()}
 
     def retain(self, keep_last: int | None, older_than_days: float | None) -> None:
         self.why = _retain(self.manifests, self.listing, self.pointed, keep_last=keep_last,

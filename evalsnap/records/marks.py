@@ -68,8 +68,8 @@ class Mark(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
 
-    run_id: Annotated[str, Field(min_length=1, max_length=200)]
-    eval_set_id: _Text
+    run_id: Annotated[str, Field(min_length=1)]
+    eval_set_id: str
     record_id: _Oid
 
 
@@ -101,7 +101,7 @@ def who() -> str:
     """Who is doing this: ``EVALSNAP_USER``, else the operating system's user name."""
     user = settings.get().user
     if user:
-        return user
+        return _checked_text(user, "user name (EVALSNAP_USER)") or user
     try:
         return getpass.getuser() or "unknown"
     except (KeyError, OSError):  # no name for this uid (a container), no LOGNAME
