@@ -84,6 +84,9 @@ class Settings(BaseSettings):
     link_expiry: int = Field(
         7 * 24 * 3600, ge=60, le=7 * 24 * 3600,
         description="Seconds a signed report link stays valid (at most 7 days, S3's limit)")
+    user: str | None = Field(
+        None, description="Who accepts or pins a run (`evalsnap accept`, `pin`), as recorded "
+                          "in the store; default: the operating system's user name")
     lazy_imports: bool = Field(
         True, description="Defer ADK's heavy optional imports (Vertex SDK, pandas, nltk) "
                           "until a metric uses them")
@@ -96,7 +99,7 @@ class Settings(BaseSettings):
         return value
 
     @field_validator("task_runner", "dask_address", "infer_batch", "cpu_slots", "dask_workers",
-                     "retries", "score_processes", mode="before")
+                     "retries", "score_processes", "user", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value

@@ -89,7 +89,8 @@ class RunSpec(BaseModel):
 
     # ---- what it is compared with, and when it fails ------------------------------------
     baseline: str | None = None
-    """A run or record id of the same eval set, or ``latest``; None: no comparison."""
+    """A run or record id of the same eval set, ``latest`` or ``last-good``; None: no
+    comparison."""
     tolerance: float = 0.0
     """With a baseline: a score drop beyond this is a regression too."""
     alpha: float = 0.05

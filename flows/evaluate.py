@@ -14,6 +14,7 @@ from evalsnap.pipeline.plan import Plan, plan_runs
 from evalsnap.records import repo
 from evalsnap.records.record import CaseStability
 from evalsnap.records.repo import run_scope
+from evalsnap.reports import lastgood
 from evalsnap.reports.artifacts import RunProgress
 from evalsnap.reports.regressions import FailOn
 from evalsnap.reports.suite import combined
@@ -40,7 +41,8 @@ FAIL_ON_HELP = ("When the flow run ends Failed (after the record is published): 
                 "an incomplete run, regression = only a regression against the baseline, never")
 BASELINE_HELP = ("Compare with this earlier run or record of the same eval set and list "
                  "regressions and fixes; 'latest' = the newest full run of the eval set; "
-                 "empty: no comparison")
+                 "'last-good' = the newest full run of it that passed its own gate (fail_on) "
+                 "or that someone accepted (evalsnap accept RUN); empty: no comparison")
 TOLERANCE_HELP = ("With a baseline: a score drop of more than this also counts as a regression "
                   "(0: only PASSED → FAILED and complete → incomplete do)")
 GATE_HELP = ("How the repetitions of a case × metric pass: mean = ADK AgentEvaluator's rule "
@@ -124,7 +126,7 @@ def evaluate(
     one record per eval set; the flow run ends Failed when ``fail_on`` says so."""
     spec = resolved(RunSpec.of_flow("run", **locals()))  # the parameters, and nothing else yet
     with run_scope(spec.store):  # what the run learns of the store ends with it
-        plans = plan_runs(spec)
+        plans = plan_runs(spec, good=lastgood.is_good)
         tag_flow_run("evalsnap", *(f"evalset:{p.eval_set.eval_set_id}" for p in plans))
         rename_flow_run(_evalset_label([p.eval_set.eval_set_id for p in plans]),
                         all(p.coverage().full for p in plans))

@@ -9,6 +9,7 @@ from pydantic import Field
 
 from evalsnap.records import repo
 from evalsnap.records.gc import DEFAULT_GRACE, collect, parse_duration
+from evalsnap.reports.lastgood import is_good
 from tasks.support import STORE_DEFAULT, with_parameter_docs
 
 
@@ -33,8 +34,9 @@ def gc(
     store: Annotated[str, Field(description=(
         f"Store URL: a local path, s3://…, gs://…; empty: {STORE_DEFAULT}"))] = "",
     keep_last: Annotated[int, Field(ge=0, description=(
-        "Keep the newest N runs of each eval set (0: no count rule); the newest run and the "
-        "newest full run of each eval set are always kept"))] = 14,
+        "Keep the newest N runs of each eval set (0: no count rule); the newest run, the "
+        "newest full run and the last-good run of each eval set, and pinned and accepted "
+        "runs, are always kept"))] = 14,
     older_than_days: Annotated[float, Field(ge=0, description=(
         "Remove runs older than this many days (0: no age rule); with keep_last, only runs "
         "beyond the newest N"))] = 0,
@@ -48,7 +50,8 @@ def gc(
 
     from evalsnap import settings
 
-    report = collect(repo.open_store(store or settings.get().store), keep_last=keep_last or None,
+    report = collect(repo.open_store(store or settings.get().store), good=is_good,
+                     keep_last=keep_last or None,
                      older_than_days=older_than_days or None, grace=parse_duration(grace),
                      dry_run=dry_run).as_dict()
     create_markdown_artifact(markdown=_markdown(report), key="evalsnap-gc",

@@ -13,6 +13,7 @@ from evalsnap.pipeline import hints, runners
 from evalsnap.pipeline.plan import plan_rescore
 from evalsnap.records import repo
 from evalsnap.records.repo import run_scope
+from evalsnap.reports import lastgood
 from evalsnap.reports.artifacts import RunProgress
 from evalsnap.reports.regressions import FailOn
 from evalsnap.spec import RunSpec
@@ -97,7 +98,7 @@ def rescore(
         first = spec.evalsets[0] if spec.evalsets else str(spec.config)
         spec = spec.model_copy(update={"code_paths": [str(Path(first).parent.parent)]})
     with run_scope(spec.store):  # what the run learns of the store ends with it
-        plan = plan_rescore(spec)
+        plan = plan_rescore(spec, good=lastgood.is_good)
         run = spec.run_options()
         tag_flow_run("evalsnap", f"evalset:{plan.eval_set.eval_set_id}")
         rename_flow_run(f"rescore-{plan.eval_set.eval_set_id}", plan.coverage().full)

@@ -319,8 +319,8 @@ def test_gc_while_a_run_writes_loses_nothing(backend: str, agent: Path, tmp_path
                    for k in ("record", "snapshot", "inference", "unit", "judge", "index/inference",
                              "index/unit", "index/judge", "prefect result")), report
     _verify(store, env)
-    # (that every case of C and B resolves is shown after the quiet gc below: a gc never
-    # writes, so what the race had lost would be missing there too)
+    # (that every case of C and B resolves is shown after the quiet gc below: a gc writes
+    # no object (only tombstones), so what the race had lost would be missing there too)
     # Quiet now: a gc without a grace period sweeps what nothing kept names, and nothing else.
     final = _gc(store, "--keep-last", "2", "--grace", "0", env=env)
     assert final["objects_deferred"] is None and final["removed_count"] > 0

@@ -52,7 +52,7 @@ def test_every_entrypoint_loads_with_its_parameters(monkeypatch):
             assert all(v is not None for v in deployment["parameters"].values()), name
     nightly = deployments["nightly-eval"]
     assert nightly["parameters"]["reuse"] is True
-    assert nightly["parameters"]["baseline"] in ("latest", "last-good")  # an earlier good night
+    assert nightly["parameters"]["baseline"] == "last-good"  # the last good night (issue 30)
     [schedule] = nightly["schedules"]
     assert schedule["cron"] and schedule["timezone"]
     assert schedule["timezone"] in nightly["description"]

@@ -56,8 +56,10 @@ DaskAddressOpt = Annotated[str | None, typer.Option(
     help="Existing Dask scheduler, e.g. tcp://host:8786 (implies --task-runner dask)")]
 BaselineOpt = Annotated[str | None, typer.Option(
     "--baseline", metavar="REF",
-    help="Compare with this run or record of the same eval set, or 'latest' (the newest "
-         "full run of it): the summary lists regressions and fixes")]
+    help="Compare with this run or record of the same eval set, 'latest' (the newest full "
+         "run of it) or 'last-good' (the newest full run of it that passed its own "
+         "--fail-on gate, or that `evalsnap accept` accepted): the summary lists regressions "
+         "and fixes")]
 ToleranceOpt = Annotated[float, typer.Option(
     "--tolerance", min=0.0,
     help="With --baseline: a score drop of more than this is a regression too (default 0: "

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from evalsnap import exitcodes
 from evalsnap.cli._app import JsonOpt, OptionOpt, StoreOpt, _handled, _open_store, _print_json, app, out
-from evalsnap.records import repo
+from evalsnap.records import marks, repo
 
 
 @app.command()
@@ -73,11 +74,23 @@ def ls(
     with _handled():
         s = _open_store(store, storage_option)
         manifests = repo.list_manifests(s)
+        pins, bad_pins = marks.pins(s)
+        acceptances, bad_acceptances = marks.accepted(s)
+
+    def marked(name: str, good: dict[str, Any], bad: dict[str, str]) -> Any:
+        if name in bad:
+            return {"damaged": bad[name]}
+        return good[name].model_dump(exclude={"run_id", "eval_set_id", "record_id"}) \
+            if name in good else None
+
     runs: list[dict[str, Any]] = [{"run_id": m.run_id, "kind": m.kind, "created_at": m.created_at,
              "eval_set_id": m.eval_set_id, "app_name": m.app_name,
              "record_id": m.record_oid, "snapshot_id": m.snapshot_oid,
              "passed": m.passed, "complete": m.complete,
-             "full": m.full is not False} for m in manifests]
+             "full": m.full is not False,
+             "pinned": marked(repo.ref_name(m.run_id), pins, bad_pins),
+             "accepted": marked(repo.ref_name(m.run_id), acceptances, bad_acceptances)}
+            for m in manifests]
     snapshots: dict[str, dict[str, Any]] = {}
     for r in runs:  # newest first, so the first run seen is the snapshot's latest use
         if r["snapshot_id"] and r["snapshot_id"] not in snapshots:
@@ -101,7 +114,7 @@ def ls(
     table.add_column("created")
     table.add_column("run", no_wrap=True, min_width=max((len(r["run_id"]) for r in runs),
                                                         default=3))
-    for column in ("kind", "eval set", "covers", "record", "snapshot", "result"):
+    for column in ("kind", "eval set", "covers", "record", "snapshot", "result", "kept"):
         table.add_column(column)
     for r in runs:
         verdict = ("[green]passed[/]" if r["passed"] else
@@ -109,5 +122,20 @@ def ls(
         table.add_row(r["created_at"][:16].replace("T", " "), r["run_id"], r["kind"],
                       r["eval_set_id"], "full" if r["full"] else "[yellow]subset[/]",
                       short(r["record_id"], 8),
-                      short(r["snapshot_id"] or "-", 8), verdict)
+                      short(r["snapshot_id"] or "-", 8), verdict, escape(_kept(r)))
     out.print(table)
+
+
+def _kept(run: dict[str, Any]) -> str:
+    """What keeps a run from gc whatever its age: its pin (label), its acceptance (by whom)."""
+    bits = []
+    for what, mark in (("pinned", run["pinned"]), ("accepted", run["accepted"])):
+        if mark is None:
+            continue
+        if "damaged" in mark:
+            bits.append(f"{what} (unreadable mark: run verify)")
+        elif what == "pinned":
+            bits.append(f"pinned ({mark['label']})" if mark.get("label") else "pinned")
+        else:
+            bits.append(f"accepted by {mark['by']} on {str(mark['at'])[:10]}")
+    return "; ".join(bits)

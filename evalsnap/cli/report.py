@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from evalsnap import errors
-from evalsnap.cli._app import JsonOpt, OptionOpt, StoreOpt, _handled, _open_store, _print_json, app, out
+from evalsnap.cli._app import (
+    JsonOpt,
+    OptionOpt,
+    StoreOpt,
+    _handled,
+    _open_store,
+    _print_json,
+    app,
+    err,
+    out,
+)
 from evalsnap.records import repo
 
 
@@ -42,7 +53,8 @@ def report(
     last: Annotated[int, typer.Option(
         "--last", min=1, help="Runs of the eval set in the page's trend, this one included")] = 10,
     baseline: Annotated[str | None, typer.Option(
-        help="Record to mark regressions against (default: the record's previous record)")] = None,
+        help="Record to mark regressions against, or 'last-good' (of the record's eval set, "
+             "the record's own run left out); default: the record's previous record")] = None,
     store_page: Annotated[bool, typer.Option(
         "--store-page", help="Write the record's page into the store beside it, as its run "
                              "does (for a page the run could not write: `verify` notes it)")] = False,
@@ -57,7 +69,7 @@ def report(
                                     "and/or --store-page.")
         s = _open_store(store, storage_option, write=store_page)
         oid, rec = repo.resolve_record(s, record)
-        base = repo.resolve_record(s, baseline)[0] if baseline else None
+        base = _baseline(s, rec, baseline) if baseline else None
         written = []
         if store_page:
             store_report(s, oid, rec)
@@ -69,6 +81,23 @@ def report(
             written.append(_write(junit_out, junit_xml(s, oid, rec), "JUnit file"))
     for path in written:
         out.print(f"wrote {path}", highlight=False, soft_wrap=True)
+
+
+def _baseline(s: Any, rec: Any, baseline: str) -> str | None:
+    """The record ``--baseline`` names (``last-good``: of the record's eval set, never the
+    record's own run; None when there is none yet)."""
+    from evalsnap.records.marks import LAST_GOOD
+
+    if baseline != LAST_GOOD:
+        return repo.resolve_record(s, baseline)[0]
+    from evalsnap.reports.lastgood import last_good
+
+    found = last_good(s, rec.eval_set_id, exclude_run=repo.ref_name(rec.run_id))
+    if found is None:
+        err.print(f"[yellow]note:[/] eval set {escape(rec.eval_set_id)} has no last-good run "
+                  "yet; regressions are marked against the previous record", highlight=False)
+        return None
+    return found.manifest.record_oid
 
 
 @app.command()

@@ -17,6 +17,7 @@ from evalsnap.adk.targets import EvalTarget, default_config_path, resolve_target
 from evalsnap.agents.base import LoadedAgent, ensure_importable
 from evalsnap.agents.lanes import load_agent
 from evalsnap.errors import ConfigError, InputFileError, NotFoundError, UsageError
+from evalsnap.exitcodes import FailOn
 from evalsnap.fingerprint import inference_fingerprint, unit_fingerprint
 from evalsnap.gates import check_gate
 from evalsnap.pipeline import progress, reuse
@@ -25,7 +26,7 @@ from evalsnap.pipeline.infer import InferBatch, InferItem, batches, use_agent
 from evalsnap.pipeline.outcomes import InferenceOutcome, UnitOutcome
 from evalsnap.pipeline.publish import PublishRequest
 from evalsnap.pipeline.score import ScoreRequest
-from evalsnap.records import EvaluationRecord, Snapshot, repo
+from evalsnap.records import EvaluationRecord, Snapshot, marks, repo
 from evalsnap.records.record import Baseline, CaseStability, Coverage
 from evalsnap.spec import RunOptions, RunSpec
 
@@ -65,6 +66,8 @@ class Plan:
     """Why a rescore's source does not cover its whole eval set and config, if it does not."""
     baseline: Baseline | None = None
     """The record this run is compared with (``--baseline``)."""
+    fail_on: FailOn | None = None
+    """The run's gate (``--fail-on``), recorded with it (what makes a run *good*)."""
 
     def coverage(self) -> Coverage:
         """What of the eval set and config this run covers: a subset is never ``latest``."""
@@ -150,7 +153,7 @@ class Plan:
             inference=outcomes, units=units, reuse=run.reuse, force=run.force, source=self.source,
             skipped_cases=self.skipped_cases, uninferred_cases=self.uninferred_cases,
             agent_dir=str(self.agent.path) if self.agent else None, prices=self.config.prices,
-            coverage=self.coverage(), baseline=self.baseline)
+            coverage=self.coverage(), baseline=self.baseline, fail_on=self.fail_on)
 
 
 def _select(plan: Plan, metrics: list[str] | None, cases: list[str] | None) -> None:
@@ -208,8 +211,9 @@ def _select_in_several(plans: list[Plan], targets: list[EvalTarget], metrics: li
     return kept
 
 
-def plan_runs(spec: RunSpec) -> list[Plan]:
-    """One plan per eval set a run covers (:mod:`evalsnap.adk.targets`), in the order given.
+def plan_runs(spec: RunSpec, *, good: marks.GoodFn | None = None) -> list[Plan]:
+    """One plan per eval set a run covers (:mod:`evalsnap.adk.targets`), in the order given;
+    ``good`` is what ``--baseline last-good`` asks of a run (:func:`resolve_baseline`).
 
     ``spec.initial_session_file`` is ``AgentEvaluator``'s: the session state of old-format
     ``*.test.json`` files (an eval set file holds its own ``session_input``)."""
@@ -245,7 +249,7 @@ def plan_runs(spec: RunSpec) -> list[Plan]:
                   agent=agent, agent_dir=str(agent.path), agent_name=agent_name,
                   framework=framework, repetitions=spec.repetitions,
                   sys_paths=[str(agent_path.parent)], repetition_gate=spec.repetition_gate,
-                  until_stable=spec.until_stable)
+                  until_stable=spec.until_stable, fail_on=spec.fail_on)
              for target, eval_set in zip(targets, eval_sets, strict=True)]
     if len(plans) == 1:
         _select(plans[0], spec.metrics, _union(targets[0].case_ids, spec.cases))
@@ -254,20 +258,37 @@ def plan_runs(spec: RunSpec) -> list[Plan]:
         plans = _select_in_several(plans, targets, spec.metrics, spec.cases)
     for plan in plans:
         plan.baseline = resolve_baseline(store, spec.baseline or "", plan.eval_set.eval_set_id,
-                                         spec.tolerance, spec.alpha)
+                                         spec.tolerance, spec.alpha, good=good)
     return plans
 
 
 def resolve_baseline(store: Any, ref: str, eval_set_id: str, tolerance: float,
-                     alpha: float = 0.05) -> Baseline | None:
-    """The record ``--baseline REF`` names: a run or record id of the same eval set, or
-    ``latest``, the newest *full* run of it (none yet: no comparison, a warning)."""
+                     alpha: float = 0.05, *, good: marks.GoodFn | None = None) -> Baseline | None:
+    """The record ``--baseline REF`` names: a run or record id of the same eval set;
+    ``latest``, the newest *full* run of it; or ``last-good``, the newest full run of it that
+    was accepted or passed its own gate (``good`` says whether a run did:
+    :func:`evalsnap.reports.lastgood.is_good`). With none yet: no comparison, a warning."""
     if not ref:
         return None
     if tolerance < 0:
         raise UsageError(f"--tolerance must be 0 or more, not {tolerance}.")
     if not 0 < alpha < 1:
         raise UsageError(f"--alpha must be between 0 and 1, not {alpha}.")
+    if ref == marks.LAST_GOOD:
+        if good is None:
+            raise TypeError("resolve_baseline: `last-good` needs `good` (whether a run "
+                            "passed its gate: evalsnap.reports.lastgood.is_good)")
+        found = marks.last_good(store, eval_set_id, good)
+        if found is None:
+            logger.warning("no earlier full run of eval set %s in store %s was accepted or "
+                           "passed its gate: nothing to compare with (--baseline last-good); "
+                           "regressions are counted from the next good run on", eval_set_id,
+                           store.url)
+            return Baseline(requested=ref, tolerance=tolerance, alpha=alpha)
+        logger.info("--baseline last-good of eval set %s: run %s (%s)", eval_set_id,
+                    found.manifest.run_id, found.why)
+        return Baseline(requested=ref, record_oid=found.manifest.record_oid,
+                        run_id=found.manifest.run_id, tolerance=tolerance, alpha=alpha)
     if ref == "latest":
         manifest = repo.latest_manifest(store, eval_set_id=eval_set_id, fallback=False)
         if manifest is None:
@@ -281,7 +302,7 @@ def resolve_baseline(store: Any, ref: str, eval_set_id: str, tolerance: float,
     if record.eval_set_id != eval_set_id:
         raise UsageError(f"baseline {ref} is a record of eval set {record.eval_set_id!r}, not "
                          f"{eval_set_id!r}; compare with a run of the same eval set "
-                         "(or --baseline latest).")
+                         "(or --baseline latest, or last-good).")
     return Baseline(requested=ref, record_oid=oid, run_id=record.run_id, tolerance=tolerance,
                     alpha=alpha)
 
@@ -324,7 +345,7 @@ def _config_from_snapshot(snapshot: Snapshot) -> LoadedConfig:
     return resolve_config(raw, where="<rules of the snapshot>")
 
 
-def plan_rescore(spec: RunSpec) -> Plan:
+def plan_rescore(spec: RunSpec, *, good: marks.GoodFn | None = None) -> Plan:
     """The plan of a rescore: the frozen inference of ``spec.source``, with the references
     of ``spec.evalsets`` (else the frozen ones) and the rules of ``spec.config`` (else the
     frozen ones); its ``code_paths`` and ``agent_dir`` are imported first, never called."""
@@ -368,7 +389,7 @@ def plan_rescore(spec: RunSpec) -> Plan:
                 sys_paths=sys_paths,
                 skipped_cases=sorted(frozen_ids - new_ids),
                 uninferred_cases=sorted(new_ids - frozen_ids), source_note=source_note,
-                repetition_gate=check_gate(spec.repetition_gate))
+                repetition_gate=check_gate(spec.repetition_gate), fail_on=spec.fail_on)
     _select(plan, spec.metrics, spec.cases)
     # cases left out by --case are not "without inference": the selection does not ask for them
     plan.uninferred_cases = [c for c in plan.uninferred_cases if c in set(plan.case_ids)]
@@ -385,7 +406,7 @@ def plan_rescore(spec: RunSpec) -> Plan:
                          run_id=repo.inference_run_id(store, c.inference_oid))
         for c in snapshot.cases if c.eval_id in selected]
     plan.baseline = resolve_baseline(store, spec.baseline or "", plan.eval_set.eval_set_id,
-                                     spec.tolerance, spec.alpha)
+                                     spec.tolerance, spec.alpha, good=good)
     return plan
 
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 from evalsnap.agents.base import now_iso
 from evalsnap.errors import EvalsnapError
+from evalsnap.exitcodes import FailOn
 from evalsnap.pipeline import commits, efficiency
 from evalsnap.pipeline.outcomes import InferenceOutcome, UnitOutcome
 from evalsnap.records import (
@@ -160,6 +161,8 @@ class PublishRequest(BaseModel):
     """What of the eval set and config the run covers (the plan knows)."""
     baseline: Baseline | None = None
     """The earlier record the run is compared with (``--baseline``), if any."""
+    fail_on: FailOn | None = None
+    """The run's gate (``--fail-on``), recorded: what makes the run *good* (``last-good``)."""
 
 
 def _unscored(snapshot: Snapshot, inference: list[InferenceOutcome], units: list[UnitOutcome],
@@ -272,7 +275,7 @@ def publish(req: PublishRequest, *, history_writer: Any = None) -> tuple[str, Ev
         source=req.source, reuse=req.reuse, force=req.force, inference=inf_refs, units=unit_refs,
         skipped_cases=req.skipped_cases or [], uninferred_cases=req.uninferred_cases or [],
         summary=summary, created_at=now_iso(), coverage=req.coverage, baseline=req.baseline,
-        packs=packs)
+        packs=packs, fail_on=req.fail_on)
     if complete and any(u.repetition for u in unit_refs):
         record = _gated(store, record)
     if history_writer is not None:

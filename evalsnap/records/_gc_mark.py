@@ -23,6 +23,9 @@ from storage.gc import StoredFile
 from storage.ids import OBJECT_KINDS, OID_PATTERN
 
 OID = re.compile(OID_PATTERN.pattern.strip("^$"))
+#: The folders of ``v1/refs/`` that gc never removes a file from, and their kinds:
+#: pins, acceptances and tombstones (:mod:`evalsnap.records.marks`).
+MARKS = {"pins": "pin", "accepted": "accepted", "tombstones": "tombstone"}
 
 @dataclass
 class Listing:
@@ -64,6 +67,8 @@ def classify(files: Iterable[StoredFile]) -> Listing:
             out.refs.append(("report", parts[3], f))
         elif parts[1] == "refs" and parts[2] == "adk_history" and len(parts) == 5:
             out.refs.append(("adk history", parts[4], f))
+        elif parts[1] == "refs" and parts[2] in MARKS and len(parts) >= 4:
+            out.refs.append((MARKS[parts[2]], "/".join(parts[3:]), f))
     return out
 
 

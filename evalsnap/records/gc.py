@@ -4,8 +4,13 @@ Mark and sweep over one listing of the store (:func:`storage.gc.list_files`):
 
 * **Runs kept.** Per eval set: the newest run, the newest *full* run (``latest`` and the
   default baseline), the run the eval set's ``latest`` pointer (``refs/index/evalset``)
-  names, the ``keep_last`` newest, those younger than ``older_than_days``, and every run
-  whose manifest is younger than the grace period or cannot be read. The rest are removed.
+  names, pinned and accepted runs and the ``last-good`` run (:mod:`evalsnap.records.marks`;
+  a mark that cannot be read keeps the run it is filed under), the ``keep_last`` newest,
+  those younger than ``older_than_days``, and every run whose manifest is younger than the
+  grace period or cannot be read. The rest are removed, each after its tombstone is written
+  (``refs/tombstones/…``: a later reference to it says when gc removed it); a run pinned or
+  accepted while gc ran is spared, and then nothing else is swept. Pins, acceptances and
+  tombstones are never removed.
 * **Marked.** Everything a kept run names, followed through the records: manifest → record
   → snapshot, inference, units → judge ledger entries → the entry a ledger answer was
   copied from (``reused_from``); the same from every object, index entry and Prefect result
@@ -51,9 +56,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from evalsnap.errors import UsageError
-from evalsnap.records import RunManifest, repo
-from evalsnap.records._gc_mark import Listing, Marker, classify, read_ref, read_run, ref_target
+from evalsnap.errors import CorruptRecordError, UsageError
+from evalsnap.records import RunManifest, marks, repo
+from evalsnap.records._gc_mark import (
+    MARKS,
+    Listing,
+    Marker,
+    classify,
+    read_ref,
+    read_run,
+    ref_target,
+)
 from storage import Store
 from storage.gc import (
     StoredFile,
@@ -80,7 +93,7 @@ _REPORT = re.compile(r"^([0-9a-f]{64})\.(?:html|json)$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 #: Rows of the table, in this order. ``other`` files are left alone.
 KINDS = ("run", "record", "snapshot", "inference", "unit", "judge", "pack", *repo.INDEXES,
-         "prefect result", "report", "adk history", "temporary file")
+         "prefect result", "report", "adk history", *MARKS.values(), "temporary file")
 _WAITING = (*repo.INDEXES, "prefect result")
 _OBJECTS = ("record", "snapshot", "unit", "judge", "inference", "pack")
 _DELETE_ORDER = ("run", *repo.INDEXES, "prefect result", "report", "adk history",
@@ -122,6 +135,8 @@ class GcReport:
     removed: list[str] = field(default_factory=list)
     """URL of every file removed (with ``dry_run``: that would be)."""
     warnings: list[str] = field(default_factory=list)
+    tombstones_written: int = 0
+    """Runs removed by this gc whose tombstone it wrote (none with ``dry_run``)."""
 
     @property
     def removed_count(self) -> int:
@@ -138,7 +153,8 @@ class GcReport:
                 "runs_removed": self.runs_removed, "removed_count": self.removed_count,
                 "removed_bytes": self.removed_bytes,
                 "kinds": {k: asdict(v) for k, v in self.kinds.items()},
-                "removed": self.removed, "warnings": self.warnings}
+                "removed": self.removed, "warnings": self.warnings,
+                "tombstones_written": self.tombstones_written}
 
 
 def _age_days(manifest: RunManifest, f: StoredFile, now: float) -> float:
@@ -154,18 +170,27 @@ def _age_days(manifest: RunManifest, f: StoredFile, now: float) -> float:
     return (now - created) / _DAY
 
 
-def _retain(manifests: dict[str, RunManifest], listing: Listing, pointed: set[str], *,
-            keep_last: int | None, older_than_days: float | None,
-            young: Callable[[StoredFile], bool], now: float) -> dict[str, str | None]:
-    """Why each readable run is kept, or None if it goes."""
+def _by_set(manifests: dict[str, RunManifest], listing: Listing
+            ) -> list[list[tuple[str, RunManifest]]]:
+    """The runs of each eval set, newest first by the store's own clock, as `latest`
+    (repo._newest_first), never by the date a manifest claims."""
     by_set: dict[str, list[tuple[str, RunManifest]]] = defaultdict(list)
     for name, m in manifests.items():
         by_set[m.eval_set_id].append((name, m))
-    why: dict[str, str | None] = {}
     for runs in by_set.values():
-        # newest by the store's own clock, as `latest` (repo._newest_first), never by the
-        # date a manifest claims
         runs.sort(key=lambda r: (listing.runs[r[0]].modified or 0.0, r[0]), reverse=True)
+    return list(by_set.values())
+
+
+def _retain(manifests: dict[str, RunManifest], listing: Listing, pointed: set[str], *,
+            keep_last: int | None, older_than_days: float | None,
+            young: Callable[[StoredFile], bool], now: float,
+            sticky: dict[str, str] | None = None) -> dict[str, str | None]:
+    """Why each readable run is kept, or None if it goes (``sticky``: runs kept whatever the
+    rules say, and why: pinned, accepted, the last-good of its eval set)."""
+    sticky = sticky or {}
+    why: dict[str, str | None] = {}
+    for runs in _by_set(manifests, listing):
         # RunManifest.full (coverage) may be absent: such runs read as full
         newest_full = next((n for n, m in runs if getattr(m, "full", None) is not False), None)
         for i, (name, m) in enumerate(runs):
@@ -174,6 +199,7 @@ def _retain(manifests: dict[str, RunManifest], listing: Listing, pointed: set[st
                 (i == 0, "newest of its eval set"),
                 (name == newest_full, "newest full run of its eval set (latest, baseline)"),
                 (m.run_id in pointed, "named by the eval set's latest pointer"),
+                (name in sticky, sticky.get(name, "")),
                 (keep_last is not None and i < keep_last, f"among the newest {keep_last}"),
                 (older_than_days is not None and _age_days(m, f, now) < older_than_days,
                  f"younger than {older_than_days or 0:g} days"),
@@ -183,10 +209,13 @@ def _retain(manifests: dict[str, RunManifest], listing: Listing, pointed: set[st
     return why
 
 
-def collect(store: Store, *, keep_last: int | None = None, older_than_days: float | None = None,
-            grace: float = DEFAULT_GRACE, dry_run: bool = False) -> GcReport:
+def collect(store: Store, *, good: marks.GoodFn, keep_last: int | None = None,
+            older_than_days: float | None = None, grace: float = DEFAULT_GRACE,
+            dry_run: bool = False) -> GcReport:
     """Removes the runs the rules do not keep and every file nothing kept names (see the
-    module docstring); with ``dry_run`` only reports what would go."""
+    module docstring); with ``dry_run`` only reports what would go. ``good`` says whether a
+    run passed its own gate (:func:`evalsnap.reports.lastgood.is_good`): the last-good run
+    of each eval set is kept."""
     if keep_last is None and older_than_days is None:
         raise UsageError("say which runs to keep: --keep-last N (the newest N of each eval "
                          "set) and/or --older-than DAYS (remove runs older than that).")
@@ -199,7 +228,7 @@ def collect(store: Store, *, keep_last: int | None = None, older_than_days: floa
                          "(e.g. 30 or 0.5).")
     if not (math.isfinite(grace) and grace >= 0):
         raise UsageError(f"--grace {grace}: give a duration, 0 or more (e.g. 1h).")
-    gc = _Gc(store, grace, dry_run)
+    gc = _Gc(store, grace, dry_run, good)
     with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
         gc.marker = Marker(store, gc.listing, pool)
         gc.read(pool)
@@ -213,8 +242,11 @@ def collect(store: Store, *, keep_last: int | None = None, older_than_days: floa
 class _Gc:
     """One collection: what was listed and read, what is kept, what goes."""
 
-    def __init__(self, store: Store, grace: float, dry_run: bool) -> None:
-        self.store, self.grace, self.dry_run = store, grace, dry_run
+    def __init__(self, store: Store, grace: float, dry_run: bool, good: marks.GoodFn) -> None:
+        self.store, self.grace, self.dry_run, self.good = store, grace, dry_run, good
+        self.halted = False
+        """A run was pinned or accepted after gc read the marks: it is spared, and nothing
+        but the other runs' manifests is removed this time."""
         self.now = time.time()
         self.marker_at = marker_written_at(store)
         marker = self.marker_at
@@ -262,9 +294,44 @@ class _Gc:
         self.roots |= {key.split(" ", 1)[1] for key, f in self.listing.objects.items()
                        if self.young(f)}
 
+    def sticky(self) -> dict[str, str]:
+        """Runs kept whatever the rules say, and why: pinned, accepted, and the last-good of
+        each eval set (:mod:`evalsnap.records.marks`). A pin or acceptance that cannot be
+        read keeps the run it is filed under (keeping too much is safe)."""
+        why: dict[str, list[str]] = defaultdict(list)
+        acceptances: dict[str, marks.Acceptance] = {}
+        for kind, name, _ in sorted(self.refs, key=lambda r: r[0] != "pin"):  # pins first
+            if kind not in ("pin", "accepted"):
+                continue
+            folder, _, run = name.rpartition("/")
+            namespace = marks.PINS if kind == "pin" else f"{marks.ACCEPTED}/{folder}"
+            cls: type[marks.Pin] | type[marks.Acceptance] = \
+                marks.Pin if kind == "pin" else marks.Acceptance
+            try:
+                mark = marks.read_mark(self.store, cls, namespace, run)
+            except CorruptRecordError as exc:
+                self.report.warnings.append(f"{kind} of run {run} cannot be read; the run is "
+                                            f"kept: {exc}")
+                why[run].append(f"{'pinned' if kind == 'pin' else 'accepted'} (its mark "
+                                "cannot be read; run `evalsnap verify`)")
+                continue
+            if isinstance(mark, marks.Pin):
+                why[run].append(f"pinned ({mark.label})" if mark.label else "pinned")
+            elif isinstance(mark, marks.Acceptance):
+                acceptances[run] = mark
+                why[run].append(marks.accepted_why(mark))
+        for runs in _by_set(self.manifests, self.listing):
+            full = [m for _, m in runs if getattr(m, "full", None) is not False]
+            found = marks.pick_last_good(self.store, full, acceptances, self.good)
+            name = repo.ref_name(found.manifest.run_id) if found is not None else ""
+            if found is not None and name not in why:
+                why[name].append("last-good of its eval set")
+        return {name: "; ".join(reasons) for name, reasons in why.items()}
+
     def retain(self, keep_last: int | None, older_than_days: float | None) -> None:
         self.why = _retain(self.manifests, self.listing, self.pointed, keep_last=keep_last,
-                           older_than_days=older_than_days, young=self.young, now=self.now)
+                           older_than_days=older_than_days, young=self.young, now=self.now,
+                           sticky=self.sticky())
         for name, m in sorted(self.manifests.items(), key=lambda i: i[1].created_at,
                               reverse=True):
             entry = {"run_id": m.run_id, "eval_set_id": m.eval_set_id,
@@ -309,6 +376,8 @@ class _Gc:
                 keep = not hit or f"sha256:{hit.group(1)}" in marked
             elif kind == "adk history":
                 keep = name in history or name.removesuffix(".evalset_result.json") in history
+            elif kind in MARKS.values():
+                keep = True  # pins, acceptances and tombstones are never removed
             else:
                 keep = kind == "index/evalset" or bool(named and named <= marked)
             # a running run may reuse through an index or cached result: they wait too
@@ -329,8 +398,13 @@ class _Gc:
         cached results and objects in batches, each after a fresh look at ``v1/STORE``."""
         before = {f.rel: data for (_, _, f), data in zip(self.refs, self.datas, strict=True)}
         stopped = False
+        if self.doomed.get("run") and not self.dry_run:
+            self.doomed["run"] = self.bury(self.doomed["run"])
         for kind in _DELETE_ORDER:
             files, count = self.doomed.get(kind, []), self.report.kinds[kind]
+            if self.halted and kind != "run":
+                _defer(count, files)
+                continue
             waits = kind in _WAITING or kind in _OBJECTS
             size = _BATCH if waits else max(1, len(files))
             for start in range(0, len(files), size):
@@ -346,7 +420,11 @@ class _Gc:
                     _kept(count, list(set(batch) - set(gone)))
                     batch = gone
                 self.report.removed += [self.store._url(f.rel) for f in batch]
-        if stopped:
+        if self.halted:
+            self.report.objects_deferred = (
+                "a run gc was about to remove was pinned or accepted while gc ran: it is kept, "
+                "and every other file waits for the next gc")
+        elif stopped:
             self.report.objects_deferred = (
                 "a writing command (run, rescore, import-adk-history) started while gc ran: "
                 "what was left of the objects, index entries and cached results waits for a "
@@ -357,6 +435,29 @@ class _Gc:
                 "a writing command started while gc removed its last objects; if `evalsnap "
                 "verify` then names a missing object, run that command again with --reuse "
                 "(it writes again what it names)")
+
+
+    def bury(self, files: list[StoredFile]) -> list[StoredFile]:
+        """The manifests to delete, once their tombstones are written (before any is
+        deleted: a crash between leaves tombstones of runs that still exist, which readers
+        ignore). A run pinned or accepted since gc read the marks is spared (and
+        :attr:`halted`: nothing it names may go now)."""
+        late = {n for n in self.store.list_refs(marks.PINS)}
+        late |= {f.rel.rsplit("/", 1)[-1] for f in list_files(self.store,
+                                                                f"v1/refs/{marks.ACCEPTED}")}
+        spared = [f for f in files if f.rel.rsplit("/", 1)[-1] in late]
+        if spared:
+            self.halted = True
+            names = {f.rel.rsplit("/", 1)[-1] for f in spared}
+            _kept(self.report.kinds["run"], spared)
+            for entry in [r for r in self.report.runs_removed if r["run_id"] in names]:
+                self.report.runs_removed.remove(entry)
+                self.report.runs_kept.append({**entry, "why": "pinned or accepted while gc ran"})
+            files = [f for f in files if f not in spared]
+        doomed = [self.manifests[f.rel.rsplit("/", 1)[-1]] for f in files]
+        marks.bury(self.store, doomed, marks.now_iso())
+        self.report.tombstones_written = len(doomed)
+        return files
 
 
 def _defer(count: KindCount, files: list[StoredFile]) -> None:

@@ -7,6 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from evalsnap.exitcodes import FailOn
 from evalsnap.records._base import StoredModel
 
 
@@ -173,9 +174,10 @@ class Baseline(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     requested: str
-    """What was asked: a run id, a record id, or ``latest``."""
+    """What was asked: a run id, a record id, ``latest`` or ``last-good``."""
     record_oid: str | None = None
-    """The record compared with; None when ``latest`` found no earlier full run."""
+    """The record compared with; None when ``latest`` or ``last-good`` found no earlier
+    full run."""
     run_id: str | None = None
     tolerance: float = 0.0
     """A score drop of more than this is a regression (0: only status changes are)."""
@@ -223,6 +225,10 @@ class EvaluationRecord(StoredModel):
     recorded it (read as full)."""
     baseline: Baseline | None = None
     """The record it was compared with (regressions and fixes), if the run asked for one."""
+    fail_on: FailOn | None = None
+    """The run's gate (``--fail-on``): which outcome failed it. Whether the run is *good*
+    (``--baseline last-good``) is this gate re-evaluated from the record; None in records
+    written before it was recorded, and in imported ones: they count with ``quality``."""
 
     @property
     def full(self) -> bool:

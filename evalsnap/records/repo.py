@@ -8,6 +8,7 @@ Layout (under the store URL, see README "Store layout"):
 * ``v1/refs/index/unit/<hex>``        unit fingerprint → latest complete unit
 * ``v1/refs/index/evalset/<id>``      eval set → latest record (parent of the next)
 * ``v1/refs/index/judge/<hex>``       judge request key # sample → the ledger entry answering it
+* ``v1/refs/accepted|pins|tombstones/…``  marks of runs (:mod:`evalsnap.records.marks`)
 
 Every read goes through one parse (:func:`evalsnap.records._base.parse_stored`), so stored
 bytes that are wrong in any way are a typed error, never a crash. Indexes are only hints:
@@ -452,6 +453,22 @@ def latest_manifest(store: Store, *, eval_set_id: str | None = None,
     return None
 
 
+def full_runs(store: Store, eval_set_id: str, *,
+              exclude_run: str | None = None) -> Iterator[RunManifest]:
+    """The readable manifests of the *full* runs of ``eval_set_id`` (never ``exclude_run``),
+    newest first as :func:`latest_manifest` orders them, read lazily: a caller that stops
+    at the first it wants reads only those before it."""
+    for name in _newest_first(store):
+        if name == exclude_run:
+            continue
+        set_id, full, data = _head(store, name)
+        if set_id not in (None, eval_set_id) or not full:
+            continue
+        found = _readable(store, name, eval_set_id, data)
+        if found is not None and found.full is not False:
+            yield found
+
+
 def _readable(store: Store, name: str, eval_set_id: str | None,
               data: bytes | None = None) -> RunManifest | None:
     try:
@@ -494,5 +511,22 @@ def resolve_record(store: Store, ref: str) -> tuple[str, EvaluationRecord]:
             return matches[0], get(store, EvaluationRecord, matches[0])
         if len(matches) > 1:
             raise NotFoundError(f"record prefix {ref!r} is ambiguous; give more characters.")
-    raise NotFoundError(f"no run or record {ref!r} in store {store.url}; "
-                        "list them with `evalsnap ls`.")
+    raise NotFoundError(_removed_by_gc(store, ref) or f"no run or record {ref!r} in store "
+                        f"{store.url}; list them with `evalsnap ls`.")
+
+
+def _removed_by_gc(store: Store, ref: str) -> str | None:
+    """Why ``ref`` is not in the store, if gc removed it (its tombstone says when)."""
+    from evalsnap.records import marks
+
+    try:
+        grave = marks.tombstone(store, ref)
+    except (CorruptRecordError, TooLarge) as exc:
+        return (f"no run or record {ref!r} in store {store.url}; a tombstone of it is there "
+                f"but cannot be read ({exc})")
+    if grave is None:
+        return None
+    return (f"run {grave.run_id} (eval set {grave.eval_set_id}, record {grave.record_id}) was "
+            f"removed by gc on {grave.removed_at}; it cannot be shown or compared with any "
+            "more. To keep a run from gc, pin it (`evalsnap pin RUN`) or accept it "
+            "(`evalsnap accept RUN`); gc also keeps the last-good run of each eval set.")

@@ -1,6 +1,6 @@
 """``evalsnap verify``: every object re-hashed and parsed, every run manifest followed.
 
-Four passes, each reporting findings instead of stopping at the first one:
+Six passes, each reporting findings instead of stopping at the first one:
 
 1. :meth:`storage.Store.verify` re-hashes every object file and flags stray files.
 2. Every object that hashes correctly is parsed as its record type (a correct hash of bytes
@@ -13,6 +13,9 @@ Four passes, each reporting findings instead of stopping at the first one:
 5. Every cached Prefect task result (``v1/prefect/``) must be a result record evalsnap wrote
    (:mod:`evalsnap.records.task_results`): an empty or unreadable one is only a cache entry
    (the task runs again), but it is damage, and deleting it clears it.
+6. Every pin, acceptance and tombstone (:mod:`evalsnap.records.marks`) must parse as one and
+   name the run it is filed under (a damaged pin or acceptance still keeps its run from gc,
+   but ``last-good`` ignores a damaged acceptance).
 
 Every read goes through the one parse of stored bytes (``parse_stored``), so a file that is
 wrong in any way (not JSON, nested too deeply, not UTF-8, NaN) is a finding, never a crash.
@@ -35,12 +38,14 @@ from evalsnap.records import (
     ScoreUnit,
     Snapshot,
     StoredModel,
+    marks,
     pack,
     repo,
 )
 from evalsnap.records.task_results import record_value
 from evalsnap.reports.history import REPORTS
-from storage import OBJECT_KINDS, Store, TooLarge
+from storage import OBJECT_KINDS, InvalidId, Store, TooLarge
+from storage.gc import list_files
 
 __all__ = ["Finding", "VerifyReport", "verify_store"]
 
@@ -80,6 +85,8 @@ class VerifyReport:
     """Number of index entries checked."""
     task_results: int = 0
     """Number of cached Prefect task results checked."""
+    marks: int = 0
+    """Number of pins, acceptances and tombstones checked."""
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     """What is missing but no problem (``ok`` stays true): a run's HTML page, which the run
@@ -93,6 +100,7 @@ class VerifyReport:
     def as_dict(self) -> dict[str, Any]:
         return {"store": self.store, "ok": self.ok, "objects": self.objects, "runs": self.runs,
                 "index_entries": self.index_entries, "task_results": self.task_results,
+                "marks": self.marks,
                 "problems": [asdict(f) for f in self.findings], "notes": self.notes}
 
 
@@ -288,6 +296,29 @@ def _check_task_results(store: Store, report: VerifyReport) -> None:
                 "it and run the task again; delete the file to clear this finding"))
 
 
+def _check_marks(store: Store, report: VerifyReport) -> None:
+    kinds: dict[str, type[marks.Mark]] = {marks.PINS: marks.Pin, marks.ACCEPTED: marks.Acceptance,
+             marks.TOMBSTONE_RUNS: marks.Tombstone, marks.TOMBSTONE_RECORDS: marks.Tombstone}
+    for top in ("pins", "accepted", "tombstones"):
+        for f in list_files(store, f"v1/refs/{top}"):
+            namespace, _, name = f.rel.removeprefix("v1/refs/").rpartition("/")
+            if name.startswith("."):
+                continue  # an interrupted write's temporary file: gc's business
+            url = f"{store.url.rstrip('/')}/{f.rel}"
+            cls: type[marks.Mark] | None = kinds.get(namespace) or (marks.Acceptance if namespace.startswith(
+                f"{marks.ACCEPTED}/") and namespace.count("/") == 1 else None)
+            report.marks += 1
+            if cls is None:
+                report.findings.append(Finding("mark", url, "not a file evalsnap writes here "
+                                               "(pins/<run>, accepted/<eval set>/<run>, "
+                                               "tombstones/runs|records/<name>); delete it"))
+                continue
+            try:
+                marks.read_mark(store, cls, namespace, name)
+            except (CorruptRecordError, InvalidId) as exc:
+                report.findings.append(Finding("mark", url, str(exc)))
+
+
 def verify_store(store: Store) -> VerifyReport:
     """Checks every object, run manifest and index entry of ``store``; never modifies it."""
     report = VerifyReport(store.url)
@@ -304,4 +335,5 @@ def verify_store(store: Store) -> VerifyReport:
                 "writes it again")
     _check_indexes(store, report)
     _check_task_results(store, report)
+    _check_marks(store, report)
     return report
