@@ -72,6 +72,12 @@ def _is_xdist_controller(config: pytest.Config) -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    # pytest-xdist's workers start with COLUMNS=80 (and LINES): the CLI then cuts its tables
+    # at 80 columns, as it must when a user sets COLUMNS. Every CLI call of the suite runs
+    # as in a CI log instead (no terminal, no COLUMNS: every column whole), with or without
+    # xdist; a test that wants a width passes COLUMNS itself.
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
     os.environ["EVALSNAP_RETRY_DELAYS"] = "0,0"
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     # The repository root (tests.*, bench) and examples/, the demo agent's parent: the demo's
