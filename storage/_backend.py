@@ -17,8 +17,10 @@ import functools
 import inspect
 import os
 import re
+import socket
 import sys
 import threading
+import urllib.parse
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -64,6 +66,10 @@ class _Hints:
     refused: str
     failed: str
 
+
+#: With one of these set, a direct TCP connection says nothing about the endpoint's reachability.
+_PROXIED = frozenset({"HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY",
+                      "all_proxy"})
 
 _HINTS = {
     "file": _Hints(
@@ -156,6 +162,7 @@ class Backend:
     url: str  # the store root as a URL a person can pass back in; never has credentials
     timeout: float  # seconds for one small call; transfers and listings get more
     requests: RequestCounts = field(default_factory=RequestCounts, compare=False)
+    endpoint: str | None = None  # an endpoint set explicitly (emulator, MinIO, proxy-less)
 
     @property
     def is_object_store(self) -> bool:
@@ -335,6 +342,27 @@ class Backend:
             reason = f"{what} failed ({detail}); {hints.failed}"
         return StoreUnavailable(self.url, reason)
 
+    def refuse_dead_endpoint(self) -> None:
+        """Raise :class:`StoreUnavailable` at once when nothing listens at an endpoint set
+        explicitly (a refused TCP connection is final; the backends would retry it with
+        backoff until the call's deadline, 10-40 s). Anything else (a slow or filtered
+        network, a proxy in the way) is left to the real call and its deadline."""
+        if not self.endpoint or _PROXIED.intersection(os.environ):
+            return
+        parts = urllib.parse.urlsplit(self.endpoint)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            socket.create_connection((parts.hostname, port), timeout=min(self.timeout, 5)).close()
+        except ConnectionRefusedError as exc:
+            hints = _HINTS.get(self.protocol, _HINTS["file"])
+            raise StoreUnavailable(
+                self.url, f"nothing answers at the endpoint {redact(self.endpoint)} "
+                f"(connection refused); {hints.timeout}") from exc
+        except OSError:
+            return
+
     def missing_bucket(self, what: str) -> StoreUnavailable:
         return StoreUnavailable(
             self.url,
@@ -417,7 +445,9 @@ def open_backend(
             shown, f"could not open it ({type(exc).__name__}: {exc}); {_HINT}"
         ) from exc
     root = root.rstrip("/")
-    return Backend(fs, protocol, root, _display_url(protocol, root), timeout)
+    endpoint = options.get("endpoint_url")
+    return Backend(fs, protocol, root, _display_url(protocol, root), timeout,
+                   endpoint=endpoint if isinstance(endpoint, str) else None)
 
 
 def _check_object_url(shown: str, rest: str) -> None:

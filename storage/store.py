@@ -640,6 +640,7 @@ class Store:
             return
         if not self._b.is_object_store:
             return
+        self._b.refuse_dead_endpoint()
         what = f"looking up bucket {self._b.bucket!r}"
         try:
             self._b.call(
