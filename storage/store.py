@@ -697,9 +697,9 @@ class Store:
         if self._b.protocol == "file":
             self._local(_local.write_replace, rel, data, what, durable)
             return
+        typed: dict[str, Any] = self._b.typed(content_type)
         try:
-            self._b.call(what, "pipe_file", self._path(rel), data, nbytes=len(data),
-                         **self._b.typed(content_type))
+            self._b.call(what, "pipe_file", self._path(rel), data, nbytes=len(data), **typed)
         except FileNotFoundError as exc:
             raise self._b.missing_bucket(what) from exc
 

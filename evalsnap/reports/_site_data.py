@@ -123,8 +123,8 @@ def run_row(store: Any, record_oid: str, record: EvaluationRecord,
     """The row of a record; ``result``: its :func:`summary`, if made already."""
     result = result if result is not None else summary(store, record_oid, record)
     point = _saved_point(store, record_oid, record) or run_point(store, record_oid, record)
-    base = result.get("baseline")
-    compared = bool(base and base.get("record_oid") and not base.get("note"))
+    base = result.get("baseline") or {}
+    compared = bool(base.get("record_oid") and not base.get("note"))
     statuses: dict[str, dict[str, str]] = {}
     flaky: dict[str, list[str]] = {}
     for a in result["aggregates"]:

@@ -109,13 +109,15 @@ def _case_history(s: SetData) -> dict[str, Any]:
     pairs: list[tuple[str, str]] = []
     for r in runs:
         pairs += [(c, m) for c, ms in r.statuses.items() for m in ms if (c, m) not in pairs]
-    lines = []
+    lines: list[dict[str, Any]] = []
     for case, metric in sorted(pairs):
-        cells = [{"status": r.statuses.get(case, {}).get(metric),
-                  "flaky": metric in r.flaky.get(case, [])} for r in runs]
-        n = flips([c["status"] for c in cells if c["status"] is not None])
-        lines.append({"eval_id": case, "metric": metric, "cells": cells, "flips": n,
-                      "flaky": n > 0 or any(c["flaky"] for c in cells)})
+        statuses = [r.statuses.get(case, {}).get(metric) for r in runs]
+        disagreed = [metric in r.flaky.get(case, []) for r in runs]
+        n = flips([x for x in statuses if x is not None])
+        lines.append({"eval_id": case, "metric": metric, "flips": n,
+                      "cells": [{"status": x, "flaky": d} for x, d in zip(statuses, disagreed,
+                                                                         strict=True)],
+                      "flaky": n > 0 or any(disagreed)})
     lines.sort(key=lambda x: (not x["flaky"], -x["flips"]))  # flaky first, stable otherwise
     return {"runs": [_row(r, "../../") for r in runs], "lines": lines,
             "n_flaky": sum(x["flaky"] for x in lines)}
