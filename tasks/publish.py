@@ -27,14 +27,15 @@ def publish_task(request: PublishRequest) -> dict[str, Any]:
     # Presentation after the commit: a signal waits only for the commit, and a page that
     # could not be written is written again by `evalsnap report RECORD` at any time.
     link: tuple[str | None, int | None] = (None, None)
+    page = None
     try:  # the HTML report beside the record (v1/refs/reports/<record hex>.html)
-        store_report(store, record_oid, record)
+        page = store_report(store, record_oid, record)
         link = report_link(store, record_oid)
     except Exception as exc:  # noqa: BLE001 - a view of the record must not lose the run
         logger.warning("could not write the HTML report of record %s: %s", record_oid, exc)
     result = summary(store, record_oid, record)
     try:  # the site's pages this run changes (v1/site/); `evalsnap site` rebuilds them all
-        refresh_site(store, record_oid, record, result)
+        refresh_site(store, record_oid, record, result, context=page)
     except Exception as exc:  # noqa: BLE001 - a view of the record must not lose the run
         logger.warning("could not refresh the store's site (v1/site/) for record %s: %s; "
                        "`evalsnap site --store-site` writes it again", record_oid, exc)

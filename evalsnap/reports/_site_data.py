@@ -119,10 +119,12 @@ def duration(run_id: str, created_at: str) -> float | None:
 
 
 def run_row(store: Any, record_oid: str, record: EvaluationRecord,
-            result: dict[str, Any] | None = None) -> RunRow:
-    """The row of a record; ``result``: its :func:`summary`, if made already."""
+            result: dict[str, Any] | None = None, point: dict[str, Any] | None = None) -> RunRow:
+    """The row of a record; ``result``: its :func:`summary`, ``point``: its history point,
+    if made already."""
     result = result if result is not None else summary(store, record_oid, record)
-    point = _saved_point(store, record_oid, record) or run_point(store, record_oid, record)
+    point = point or _saved_point(store, record_oid, record) or run_point(store, record_oid,
+                                                                          record)
     base = result.get("baseline") or {}
     compared = bool(base.get("record_oid") and not base.get("note"))
     statuses: dict[str, dict[str, str]] = {}

@@ -83,14 +83,16 @@ def report_url(store: Any, record_oid: str) -> str:
     return report_link(store, record_oid)[0]
 
 
-def store_report(store: Any, record_oid: str, record: EvaluationRecord) -> None:
+def store_report(store: Any, record_oid: str, record: EvaluationRecord) -> dict[str, Any]:
     """Writes the history point and the page of a record beside it (``v1/refs/reports/
-    <record hex>.json`` and ``.html``, the page as ``text/html; charset=utf-8``)."""
+    <record hex>.json`` and ``.html``, the page as ``text/html; charset=utf-8``); returns
+    the page's :func:`page_context` (the site's run page is made from it)."""
     point = run_point(store, record_oid, record)
     save_point(store, point)
-    page = render(store, record_oid, record, current=point)
-    store.put_ref(REPORTS, report_name(record_oid), page.encode(),
+    context = page_context(store, record_oid, record, current=point)
+    store.put_ref(REPORTS, report_name(record_oid), template().render(**context).encode(),
                   content_type="text/html; charset=utf-8")
+    return context
 
 
 def changes(store: Any, record_oid: str, record: EvaluationRecord,
@@ -273,9 +275,11 @@ def render(store: Any, record_oid: str, record: EvaluationRecord, *, trend_runs:
 
 def page_context(store: Any, record_oid: str, record: EvaluationRecord, *,
                  trend_runs: int = TREND_RUNS, baseline_oid: str | None = None,
-                 current: dict[str, Any] | None = None) -> dict[str, Any]:
+                 current: dict[str, Any] | None = None,
+                 earlier: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """What the page of ``record`` shows, as :func:`render` gives it to the template (the
-    site's run and case pages are made from the same values)."""
+    site's run and case pages are made from the same values). ``earlier``: the trend's
+    points before this run, oldest first, when known (else read with ``history``)."""
     full = full_record(store, record_oid, record)
     s = record.summary
     if baseline_oid is None:
@@ -288,8 +292,10 @@ def page_context(store: Any, record_oid: str, record: EvaluationRecord, *,
     except EvalsnapError as exc:
         moved, baseline_oid = {}, f"{baseline_oid} (unreadable: {exc})"
     current = current or run_point(store, record_oid, record)
-    points = history(store, record.eval_set_id, last=trend_runs - 1, until=record.created_at,
-                     exclude_run=record.run_id) + [current]
+    if earlier is None:
+        earlier = history(store, record.eval_set_id, last=trend_runs - 1,
+                          until=record.created_at, exclude_run=record.run_id)
+    points = earlier[max(len(earlier) - trend_runs + 1, 0):] + [current]
     try:
         agent = repo.get_inference(store, record.inference[0].inference_oid).agent_name \
             if record.inference else "—"
@@ -338,4 +344,4 @@ def page_context(store: Any, record_oid: str, record: EvaluationRecord, *,
         count={v: sum(1 for x in verdicts.values() if x == v) for v in rank},
         n_regressed=sum(1 for c in moved.values() if c == "regressed"),
         n_fixed=sum(1 for c in moved.values() if c == "fixed"),
-        metrics=metrics, points=points, cases=cases, nav=[])
+        metrics=metrics, points=points, cases=cases, nav=[], point=current)

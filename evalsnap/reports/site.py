@@ -123,10 +123,14 @@ def _case_history(s: SetData) -> dict[str, Any]:
             "n_flaky": sum(x["flaky"] for x in lines)}
 
 
-def run_pages(store: Any, record_oid: str, record: EvaluationRecord,
-              current: dict[str, Any] | None = None) -> dict[str, bytes]:
-    """``runs/<run>/index.html`` and one page per case under ``runs/<run>/cases/``."""
-    ctx = page_context(store, record_oid, record, current=current)
+def run_pages(store: Any, record_oid: str, record: EvaluationRecord, *,
+              context: dict[str, Any] | None = None,
+              earlier: list[dict[str, Any]] | None = None) -> dict[str, bytes]:
+    """``runs/<run>/index.html`` and one page per case under ``runs/<run>/cases/``, from the
+    report's :func:`~.html.page_context` (``context``: made already; ``earlier``: the
+    trend's points before the run, when known)."""
+    ctx = context if context is not None else page_context(store, record_oid, record,
+                                                           earlier=earlier)
     base, up = _run_dir(record.run_id), "../../"
     nav = [("all eval sets", f"{up}index.html"),
            (f"eval set {record.eval_set_id}", f"{up}{_set_dir(record.eval_set_id)}/index.html"),
@@ -145,11 +149,13 @@ def run_pages(store: Any, record_oid: str, record: EvaluationRecord,
 
 
 def refresh(store: Any, record_oid: str, record: EvaluationRecord, result: dict[str, Any],
-            current: dict[str, Any] | None = None) -> dict[str, bytes]:
+            context: dict[str, Any] | None = None) -> dict[str, bytes]:
     """After a run's commit: its row into its eval set's data, then the pages it changes
     (the index, its eval set's pages, its own), written in one batch. ``result``: its
-    summary; ``current``: its history point. Returns the pages written."""
-    row = data.run_row(store, record_oid, record, result)
+    summary; ``context``: its report's page context, if made already (its page and history
+    point are read once per run). Returns the pages written."""
+    row = data.run_row(store, record_oid, record, result,
+                       point=context["point"] if context is not None else None)
     found = data.load(store, record.eval_set_id)
     rows = data.with_row(found, record.eval_set_id, row) if found is not None else \
         data.rebuild(store, record.eval_set_id)
@@ -158,7 +164,7 @@ def refresh(store: Any, record_oid: str, record: EvaluationRecord, result: dict[
     data.save(store, rows)
     sets = [s for s in data.load_all(store) if s.eval_set_id != rows.eval_set_id] + [rows]
     pages = {"index.html": index_page(sorted(sets, key=lambda s: s.eval_set_id)),
-             **set_pages(rows), **run_pages(store, record_oid, record, current)}
+             **set_pages(rows), **run_pages(store, record_oid, record, context=context)}
     store.put_site(pages, CONTENT_TYPE)
     return pages
 
@@ -173,9 +179,10 @@ def build(store: Any, *, save: bool = False) -> dict[str, bytes]:
             data.save(store, s)
         sets.append(s)
         pages.update(set_pages(s))
-        for r in s.runs:
-            pages.update(run_pages(store, r.record_id,
-                                   repo.get(store, EvaluationRecord, r.record_id)))
+        for i, r in enumerate(s.runs):  # the trend from the rows: no history walk per run
+            earlier = [x.model_dump() for x in s.runs[:i] if x.created_at <= r.created_at]
+            pages.update(run_pages(store, r.record_id, repo.get(store, EvaluationRecord,
+                                                                r.record_id), earlier=earlier))
     pages["index.html"] = index_page(sets)
     return pages
 
