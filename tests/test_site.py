@@ -101,6 +101,11 @@ def test_publish_writes_the_site_as_html_objects(bucket: dict[str, Any]) -> None
         # anonymous: a browser with no credentials reads what a public bucket serves
         got = httpx.get(f"{bucket['server'].url}/{BUCKET}/{key}", timeout=30)
         assert got.status_code == 200 and got.headers["content-type"].startswith("text/html")
+    # a refresh writes what the run changes, never the whole site: the earlier run's page
+    # is still the copy this test uploaded (untyped)
+    cold_page = f"{PREFIX}/v1/site/runs/{page_name(bucket['cold']['run_id'])}/index.html"
+    assert client.head_object(Bucket=BUCKET, Key=cold_page)["ContentType"] != \
+        "text/html; charset=utf-8"
     record = f"{PREFIX}/v1/refs/runs/{run_id}"
     assert httpx.get(f"{bucket['server'].url}/{BUCKET}/{record}", timeout=30).status_code == 403
 
