@@ -12,7 +12,9 @@ first — with its conversation, its units, their per-invocation rows and the ju
 entries, expandable (``<details>``) under their unit.
 
 Every run publishes its page into the store beside its record (:func:`store_report`) at
-``v1/refs/reports/<record hex>.html`` (:func:`report_name`).
+``v1/refs/reports/<record hex>.html`` (:func:`report_name`). The store's site
+(:mod:`evalsnap.reports.site`) makes its run pages from the same values
+(:func:`page_context`), with each case's rows and ledger entries on a page of their own.
 """
 
 from __future__ import annotations
