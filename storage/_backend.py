@@ -172,6 +172,14 @@ class Backend:
     def bucket(self) -> str:
         return self.root.split("/", 1)[0]
 
+    def typed(self, content_type: str | None) -> dict[str, str]:
+        """The write keyword that sets an object's ``Content-Type`` on this backend (s3fs
+        and gcsfs spell it differently; a local file has none)."""
+        if content_type is None:
+            return {}
+        return ({"ContentType": content_type} if self.protocol == "s3" else
+                {"content_type": content_type} if self.protocol == "gs" else {})
+
     def deadline(self, nbytes: int = 0, long: bool = False) -> float:
         return self.timeout * (6 if long else 1) + nbytes / _MiB
 
@@ -238,13 +246,16 @@ class Backend:
         return {path: self._read_result(what, path, value)
                 for path, value in zip(paths, results, strict=True)}
 
-    def write_many(self, what: str, items: dict[str, bytes], *, create: bool) -> dict[str, bool]:
+    def write_many(self, what: str, items: dict[str, bytes], *, create: bool,
+                   content_type: str | None = None) -> dict[str, bool]:
         """Write each path (``create``: only if absent); concurrently on object stores. Returns
-        per path whether it was written (False: it existed already, with ``create``)."""
+        per path whether it was written (False: it existed already, with ``create``).
+        ``content_type``: the objects' ``Content-Type`` on a bucket."""
         if not items:
             return {}
         self.requests.add("put", len(items))
-        kwargs = {"mode": "create"} if create else {}
+        kwargs: dict[str, Any] = {"mode": "create"} if create else {}
+        kwargs |= self.typed(content_type)
         if isinstance(self.fs, AsyncFileSystem):
             coros = [self.fs._pipe_file(p, data, **kwargs) for p, data in items.items()]
             results = self._gather(what, coros, nbytes=sum(len(d) for d in items.values()))

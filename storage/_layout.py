@@ -4,6 +4,7 @@
     v1/objects/<kind>/<hex[:2]>/<hex[2:]>    write-once; <hex> = sha256 of the bytes
     v1/refs/<namespace>/.../<name>           mutable; replaced whole
     v1/prefect/                              Prefect result storage
+    v1/site/<path>                           the browsable static site (HTML pages)
 
 The two-character fan-out keeps local directories small (as git and dvc do).
 """
@@ -22,6 +23,7 @@ __all__ = [
     "object_rel",
     "oid_from_rel",
     "ref_rel",
+    "site_rel",
 ]
 
 LAYOUT_VERSION = "v1"
@@ -52,6 +54,15 @@ def ref_rel(namespace: str, name: str | None) -> str:
     if name is not None:
         segments.append(validate_id(name, "ref name"))
     return f"{LAYOUT_VERSION}/refs/" + "/".join(segments)
+
+
+SITE = f"{LAYOUT_VERSION}/site"
+
+
+def site_rel(path: str) -> str:
+    """Path of a page of the site relative to the store root; every segment a safe id."""
+    segments = [validate_id(part, "site path segment") for part in path.split("/")]
+    return f"{SITE}/" + "/".join(segments)
 
 
 def as_bytes(data: bytes) -> bytes:

@@ -47,7 +47,7 @@ _NO_LINK_ERRNOS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, e
 
 
 #: What follows ``v1/`` in every path a store writes (``v1/STORE`` aside).
-_AREAS = frozenset({"objects", "refs", "prefect", "reports"})
+_AREAS = frozenset({"objects", "refs", "prefect", "reports", "site"})
 
 
 def store_root(path: str) -> str | None:

@@ -26,11 +26,13 @@ from storage._backend import OVERSIZE, FileInfo, RequestCounts, open_backend
 from storage._layout import (
     LAYOUT_VERSION,
     MARKER,
+    SITE,
     as_bytes,
     check_content,
     object_rel,
     oid_from_rel,
     ref_rel,
+    site_rel,
 )
 from storage.errors import CorruptObjectError, ObjectNotFound, StoreUnavailable, TooLarge
 from storage.ids import ID_PATTERN, MAX_ID_LENGTH, OBJECT_KINDS, oid_of, validate_id, validate_kind
@@ -462,6 +464,33 @@ class Store:
         self._write_whole(rel, data, f"writing {self._url(rel)}", durable=commit,
                           content_type=content_type)
 
+    # -- the browsable site (v1/site/) ------------------------------------------------------
+
+    def put_site(self, pages: Mapping[str, bytes], content_type: str) -> None:
+        """Replace the files ``pages`` names (paths relative to ``v1/site/``, each segment a
+        safe id) with their bytes, typed ``content_type``: one concurrent batch on a bucket.
+        A static site for browsers, not data: nothing in evalsnap reads it back."""
+        items = {site_rel(path): as_bytes(data) for path, data in pages.items()}
+        self._ensure_ready()
+        if not self._b.is_object_store:
+            for rel, data in items.items():
+                self._write_whole(rel, data, f"writing {self._url(rel)}")
+            return
+        self._b.write_many(f"writing {len(items)} pages of the site to {self._url(SITE)}",
+                           {self._path(rel): data for rel, data in items.items()}, create=False,
+                           content_type=content_type)
+
+    def site_link(self, path: str, *, public_url: str | None = None) -> str:
+        """Where a browser opens a page of the site: ``public_url`` + its path, a local
+        ``file://`` URL, else the store URL (a bucket's site wants a public URL: a signed
+        link would not carry over to the pages it links to)."""
+        rel = site_rel(path)
+        if public_url:
+            return f"{public_url.rstrip('/')}/{rel}"
+        if self._b.protocol == "file":
+            return Path(self._path(rel)).as_uri()
+        return self._url(rel)
+
     def ref_link(self, namespace: str, name: str, *, public_url: str | None = None,
                  expires: int = 7 * 24 * 3600) -> tuple[str, int | None]:
         """A URL a browser opens for the ref, and for how many seconds (None: no expiry).
@@ -669,9 +698,7 @@ class Store:
         if self._b.protocol == "file":
             self._local(_local.write_replace, rel, data, what, durable)
             return
-        typed: dict[str, Any] = ({} if content_type is None else
-                 {"ContentType": content_type} if self._b.protocol == "s3" else
-                 {"content_type": content_type} if self._b.protocol == "gs" else {})
+        typed: dict[str, Any] = self._b.typed(content_type)
         try:
             self._b.call(what, "pipe_file", self._path(rel), data, nbytes=len(data), **typed)
         except FileNotFoundError as exc:

@@ -1,5 +1,5 @@
 """Publish task: record, manifest last (the commit); then the record's views: the HTML page
-beside it and the Prefect artifacts."""
+beside it, the store's browsable site (``v1/site/``) and the Prefect artifacts."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from evalsnap.pipeline.publish import PublishRequest, publish_request
 from evalsnap.records import repo
 from evalsnap.reports.artifacts import publish_artifacts
 from evalsnap.reports.html import report_link, store_report
+from evalsnap.reports.site import refresh as refresh_site
 from evalsnap.reports.summary import summary
 
 logger = logging.getLogger(__name__)
@@ -26,12 +27,18 @@ def publish_task(request: PublishRequest) -> dict[str, Any]:
     # Presentation after the commit: a signal waits only for the commit, and a page that
     # could not be written is written again by `evalsnap report RECORD` at any time.
     link: tuple[str | None, int | None] = (None, None)
+    page = None
     try:  # the HTML report beside the record (v1/refs/reports/<record hex>.html)
-        store_report(store, record_oid, record)
+        page = store_report(store, record_oid, record)
         link = report_link(store, record_oid)
     except Exception as exc:  # noqa: BLE001 - a view of the record must not lose the run
         logger.warning("could not write the HTML report of record %s: %s", record_oid, exc)
     result = summary(store, record_oid, record)
+    try:  # the site's pages this run changes (v1/site/); `evalsnap site` rebuilds them all
+        refresh_site(store, record_oid, record, result, context=page)
+    except Exception as exc:  # noqa: BLE001 - a view of the record must not lose the run
+        logger.warning("could not refresh the store's site (v1/site/) for record %s: %s; "
+                       "`evalsnap site --store-site` writes it again", record_oid, exc)
     # a link a browser opens (artifacts, events, --json): public, signed or local
     result["report_url"], expires = link
     result["report_url_expires"] = (None if expires is None else (

@@ -1,4 +1,4 @@
-"""CLI commands: report, history. Registered on ``evalsnap.cli._app.app``."""
+"""CLI commands: report, history, site. Registered on ``evalsnap.cli._app.app``."""
 
 from __future__ import annotations
 
@@ -145,3 +145,45 @@ def _flaky(evalset: str, store: str, storage_option: list[str] | None, last: int
         _print_json({"store": s.url, "eval_set_id": evalset, "last": last, "flaky": entries})
     else:
         out.print(flaky_table(evalset, entries, last))
+
+
+@app.command()
+def site(
+    out_dir: Annotated[str | None, typer.Option(
+        "--out", help="Write the whole site into this folder (created if needed); open "
+                      "its index.html")] = None,
+    store: StoreOpt = ".evalsnap",
+    storage_option: OptionOpt = None,
+    store_site: Annotated[bool, typer.Option(
+        "--store-site", help="Rewrite the store's own site (v1/site/) whole, as every run "
+                             "refreshes its part of it")] = False,
+) -> None:
+    """Write the browsable site of the store: eval sets, runs, trends, case history, run pages."""
+    from evalsnap.reports.site import CONTENT_TYPE, build, write_dir
+
+    with _handled():
+        if not out_dir and not store_site:
+            raise errors.UsageError("say where to write the site: --out DIR and/or "
+                                    "--store-site.")
+        target = Path(out_dir).expanduser().absolute() if out_dir else None
+        if target is not None and target.exists() and not target.is_dir():
+            raise errors.InputFileError(f"--out {target} is a file; name a folder (it is "
+                                        "created if needed), e.g. ./site.")
+        s = _open_store(store, storage_option, write=store_site)
+        pages = build(s, save=store_site)
+        written = []
+        if store_site:
+            s.put_site(pages, CONTENT_TYPE)
+            from evalsnap import settings
+
+            written.append(s.site_link("index.html", public_url=settings.get().public_url))
+        if target is not None:
+            try:
+                root = write_dir(target, pages)
+            except OSError as exc:
+                raise errors.InputFileError(
+                    f"cannot write the site into {target}: {exc.strerror or exc}; check that "
+                    "the folder can be written.") from exc
+            written.append(str(root / "index.html"))
+    for path in written:
+        out.print(f"wrote {path} ({len(pages)} pages)", highlight=False, soft_wrap=True)

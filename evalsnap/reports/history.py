@@ -131,10 +131,11 @@ def run_point(store: Any, record_oid: str, record: EvaluationRecord) -> dict[str
     }
 
 
-def _runs_of(store: Any, eval_set_id: str) -> list[tuple[str, str]]:
-    """(created_at, run name) of the manifests of ``eval_set_id``, oldest first, each only
-    parsed (validating a manifest costs ~20 ms at 300 cases; only the runs shown are)."""
-    found = []
+def runs_by_set(store: Any) -> dict[str, list[tuple[str, str]]]:
+    """Per eval set, (created_at, run name) of its manifests, oldest first: one listing and
+    one read per manifest, each only parsed (validating a manifest costs ~20 ms at 300
+    cases; only the runs shown are)."""
+    found: dict[str, list[tuple[str, str]]] = {}
     for name in store.list_refs("runs"):
         data = store.get_ref("runs", name)
         try:
@@ -142,11 +143,17 @@ def _runs_of(store: Any, eval_set_id: str) -> list[tuple[str, str]]:
         except EvalsnapError as exc:
             logger.warning("skipping run %s: %s", name, exc)
             continue
-        if not isinstance(raw, dict) or raw.get("eval_set_id") != eval_set_id:
+        if not isinstance(raw, dict) or not isinstance(raw.get("eval_set_id"), str):
             continue
         created = raw.get("created_at")
-        found.append((created if isinstance(created, str) else "", name))
-    return sorted(found)
+        found.setdefault(raw["eval_set_id"], []).append(
+            (created if isinstance(created, str) else "", name))
+    return {eval_set: sorted(runs) for eval_set, runs in found.items()}
+
+
+def _runs_of(store: Any, eval_set_id: str) -> list[tuple[str, str]]:
+    """(created_at, run name) of the manifests of ``eval_set_id``, oldest first."""
+    return runs_by_set(store).get(eval_set_id, [])
 
 
 def history(store: Any, eval_set_id: str, last: int | None = None, *,
@@ -232,11 +239,17 @@ def flaky_cases(store: Any, eval_set_id: str, last: int = 10) -> list[dict[str, 
     out = []
     for (eval_id, metric), runs in seen.items():
         statuses = [r["status"] for r in runs]
-        flips = sum(a != b for a, b in zip(statuses, statuses[1:], strict=False))
-        if flips:
-            out.append({"eval_id": eval_id, "metric": metric, "runs": len(runs), "flips": flips,
+        if n := flips(statuses):
+            out.append({"eval_id": eval_id, "metric": metric, "runs": len(runs), "flips": n,
                         "passed_runs": statuses.count("PASSED"), "history": runs})
     return sorted(out, key=lambda e: (-e["flips"], e["eval_id"], e["metric"]))
+
+
+def flips(statuses: list[str]) -> int:
+    """How often a case × metric's status changed from one run to the next (oldest first;
+    the runs it was not in left out): more than 0 is *flaky* in ``history --flaky`` and on
+    the site."""
+    return sum(a != b for a, b in zip(statuses, statuses[1:], strict=False))
 
 
 def flaky_table(eval_set_id: str, entries: list[dict[str, Any]], last: int) -> Any:

@@ -12,7 +12,9 @@ first — with its conversation, its units, their per-invocation rows and the ju
 entries, expandable (``<details>``) under their unit.
 
 Every run publishes its page into the store beside its record (:func:`store_report`) at
-``v1/refs/reports/<record hex>.html`` (:func:`report_name`).
+``v1/refs/reports/<record hex>.html`` (:func:`report_name`). The store's site
+(:mod:`evalsnap.reports.site`) makes its run pages from the same values
+(:func:`page_context`), with each case's rows and ledger entries on a page of their own.
 """
 
 from __future__ import annotations
@@ -46,14 +48,19 @@ def _pretty(value: Any) -> str:
 
 
 @functools.cache
-def _template() -> jinja2.Template:
+def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("evalsnap.reports", "templates"),
         autoescape=jinja2.select_autoescape(["html"], default=True),
         finalize=lambda value: "" if value is None else value,  # as str(None) never shows
         keep_trailing_newline=True)
     env.filters.update(num=num, pct=pct, text=lambda v: "" if v is None else str(v))
-    return env.get_template("report.html")
+    return env
+
+
+def template(name: str = "report.html") -> jinja2.Template:
+    """A page template of ``templates/`` (the site's pages share its macros and style)."""
+    return _environment().get_template(name)
 
 
 def report_name(record_oid: str) -> str:
@@ -78,14 +85,16 @@ def report_url(store: Any, record_oid: str) -> str:
     return report_link(store, record_oid)[0]
 
 
-def store_report(store: Any, record_oid: str, record: EvaluationRecord) -> None:
+def store_report(store: Any, record_oid: str, record: EvaluationRecord) -> dict[str, Any]:
     """Writes the history point and the page of a record beside it (``v1/refs/reports/
-    <record hex>.json`` and ``.html``, the page as ``text/html; charset=utf-8``)."""
+    <record hex>.json`` and ``.html``, the page as ``text/html; charset=utf-8``); returns
+    the page's :func:`page_context` (the site's run page is made from it)."""
     point = run_point(store, record_oid, record)
     save_point(store, point)
-    page = render(store, record_oid, record, current=point)
-    store.put_ref(REPORTS, report_name(record_oid), page.encode(),
+    context = page_context(store, record_oid, record, current=point)
+    store.put_ref(REPORTS, report_name(record_oid), template().render(**context).encode(),
                   content_type="text/html; charset=utf-8")
+    return context
 
 
 def changes(store: Any, record_oid: str, record: EvaluationRecord,
@@ -209,7 +218,9 @@ def _case(case: dict[str, Any], verdict: str, case_changes: dict[str, str]) -> d
         "not_passed": sum(m["status"] not in PASSING for m in case["metrics"].values()),
         "tokens": (case.get("tokens") or {}).get("total_tokens", "—"),
         "open": verdict != "passed" or bool(regressed),
-        "conversation": _conversation(case)}
+        "conversation": _conversation(case),
+        # the site's run page links each case's details (a page of their own) instead
+        "href": None, "ledger_entries": sum(len(m.get("ledger") or []) for m in case["metrics"].values())}
 
 
 def _tokens(counts: dict[str, Any] | None) -> str:
@@ -260,6 +271,17 @@ def render(store: Any, record_oid: str, record: EvaluationRecord, *, trend_runs:
            baseline_oid: str | None = None, current: dict[str, Any] | None = None) -> str:
     """The page of ``record``; regressions are against ``baseline_oid``, else the baseline
     the run was compared with, else its previous record. ``current``: its history point."""
+    return template().render(**page_context(store, record_oid, record, trend_runs=trend_runs,
+                                            baseline_oid=baseline_oid, current=current))
+
+
+def page_context(store: Any, record_oid: str, record: EvaluationRecord, *,
+                 trend_runs: int = TREND_RUNS, baseline_oid: str | None = None,
+                 current: dict[str, Any] | None = None,
+                 earlier: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """What the page of ``record`` shows, as :func:`render` gives it to the template (the
+    site's run and case pages are made from the same values). ``earlier``: the trend's
+    points before this run, oldest first, when known (else read with ``history``)."""
     full = full_record(store, record_oid, record)
     s = record.summary
     if baseline_oid is None:
@@ -272,8 +294,10 @@ def render(store: Any, record_oid: str, record: EvaluationRecord, *, trend_runs:
     except EvalsnapError as exc:
         moved, baseline_oid = {}, f"{baseline_oid} (unreadable: {exc})"
     current = current or run_point(store, record_oid, record)
-    points = history(store, record.eval_set_id, last=trend_runs - 1, until=record.created_at,
-                     exclude_run=record.run_id) + [current]
+    if earlier is None:
+        earlier = history(store, record.eval_set_id, last=trend_runs - 1,
+                          until=record.created_at, exclude_run=record.run_id)
+    points = earlier[max(len(earlier) - trend_runs + 1, 0):] + [current]
     try:
         agent = repo.get_inference(store, record.inference[0].inference_oid).agent_name \
             if record.inference else "—"
@@ -313,7 +337,7 @@ def render(store: Any, record_oid: str, record: EvaluationRecord, *, trend_runs:
     cases = [_case(c, verdicts[(c["eval_id"], c["repetition"])],
                    by_case.get((c["eval_id"], c["repetition"]), {}))
              for c in sorted(full["cases"], key=order)]
-    return _template().render(
+    return dict(
         record=record, record_oid=record_oid, store_url=store.url, facts=facts,
         gate=record_gate(record), repetitions=_repetitions(record, full["aggregates"]),
         stability_note=_stability_note(record),
@@ -322,4 +346,4 @@ def render(store: Any, record_oid: str, record: EvaluationRecord, *, trend_runs:
         count={v: sum(1 for x in verdicts.values() if x == v) for v in rank},
         n_regressed=sum(1 for c in moved.values() if c == "regressed"),
         n_fixed=sum(1 for c in moved.values() if c == "fixed"),
-        metrics=metrics, points=points, cases=cases)
+        metrics=metrics, points=points, cases=cases, nav=[], point=current)

@@ -1,0 +1,218 @@
+"""The site's data: one row per run of an eval set, what its pages show of that run.
+
+A publish refreshes its eval set's pages from the rows of the eval set's earlier runs. They
+are kept per eval set in the store (``v1/refs/site/<set page name>.json``), so that the
+refresh reads one small file instead of every manifest, record and unit of every run. That
+file is only an acceleration, as a history point is: one that is missing, unusable or of
+another eval set is rebuilt from the runs' records (:func:`rebuild`), and ``evalsnap site``
+rebuilds every one. It is parsed strictly (plain data, no code).
+
+A row's numbers are the ones ``show --json`` and ``history`` give: the pass rate per metric
+is :func:`evalsnap.reports.history.metric_stats`'s, the case statuses are the record's
+aggregates by its repetition gate (:mod:`evalsnap.aggregates`, through
+:func:`evalsnap.reports.summary.summary`), regressions are the summary's against the run's
+own baseline.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from evalsnap.errors import EvalsnapError
+from evalsnap.records import EvaluationRecord, repo
+from evalsnap.records._base import parse_stored
+from evalsnap.records.repo import UNREADABLE_MANIFEST
+from evalsnap.reports.history import _saved_point, run_point, runs_by_set
+from evalsnap.reports.summary import subset_text, summary
+
+logger = logging.getLogger(__name__)
+
+SITE = "site"
+"""Ref namespace of the site's data: ``<set page name>.json`` per eval set."""
+_DATA_LIMIT = 64 << 20
+#: Runs whose case statuses a row keeps (the per-case history shows this many).
+CASE_RUNS = 30
+_STARTED = re.compile(r"^(\d{8}T\d{6})Z-")
+
+
+class MetricRate(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    passed: int
+    units: int
+    pass_rate: float | None
+    mean_score: float | None
+
+
+class RunRow(BaseModel):
+    """One run as the site shows it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str
+    record_id: str
+    kind: str
+    created_at: str
+    full: bool
+    covers: str
+    """``full``, or what the subset leaves out."""
+    passed: bool
+    complete: bool
+    cases: int
+    metrics: dict[str, MetricRate]
+    regressions: int | None
+    """Units regressed against the run's baseline; None when it was compared with none."""
+    fixes: int | None
+    baseline_run: str | None
+    duration: float | None
+    """Seconds from the start its run id names to its record; None for a run id given by hand."""
+    cost: float | None
+    cost_note: str | None
+    statuses: dict[str, dict[str, str]]
+    """Per case, per metric: its status by the run's repetition gate (empty in old rows)."""
+    flaky: dict[str, list[str]]
+    """Per case, the metrics whose repetitions disagreed within the run."""
+
+
+class SetData(BaseModel):
+    """The rows of an eval set's runs, oldest first."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = 1
+    eval_set_id: str
+    runs: list[RunRow]
+
+
+def page_name(value: str) -> str:
+    """A path segment for an id (eval set, run, case ids come from user files): the id
+    itself when it is lower-case letters, digits, ``_`` and ``-`` only, else a readable
+    slug and a hash of the id, so that no two ids share a name (on a case-insensitive disk
+    too) and no id can leave its folder or break a link."""
+    slug = re.sub(r"[^a-z0-9_-]+", "-", value.lower()).strip("-_")[:60] or "id"
+    if slug == value:
+        return value
+    import hashlib
+
+    return f"{slug}-{hashlib.sha256(value.encode()).hexdigest()[:12]}"
+
+
+def duration(run_id: str, created_at: str) -> float | None:
+    """Seconds from the start evalsnap's run ids begin with (``20261202T031500Z-…``) to the
+    record's creation; None for another id."""
+    found = _STARTED.match(run_id)
+    try:
+        start = dt.datetime.strptime(found.group(1), "%Y%m%dT%H%M%S").replace(tzinfo=dt.UTC) \
+            if found else None
+        end = dt.datetime.fromisoformat(created_at) if created_at else None
+    except ValueError:
+        return None
+    if start is None or end is None:
+        return None
+    seconds = (end if end.tzinfo else end.replace(tzinfo=dt.UTC)) - start
+    return max(seconds.total_seconds(), 0.0)
+
+
+def run_row(store: Any, record_oid: str, record: EvaluationRecord,
+            result: dict[str, Any] | None = None, point: dict[str, Any] | None = None) -> RunRow:
+    """The row of a record; ``result``: its :func:`summary`, ``point``: its history point,
+    if made already."""
+    result = result if result is not None else summary(store, record_oid, record)
+    point = point or _saved_point(store, record_oid, record) or run_point(store, record_oid,
+                                                                          record)
+    base = result.get("baseline") or {}
+    compared = bool(base.get("record_oid") and not base.get("note"))
+    statuses: dict[str, dict[str, str]] = {}
+    flaky: dict[str, list[str]] = {}
+    for a in result["aggregates"]:
+        statuses.setdefault(a["eval_id"], {})[a["metric"]] = a["status"]
+        if a["verdict"] == "flaky":
+            flaky.setdefault(a["eval_id"], []).append(a["metric"])
+    return RunRow(
+        run_id=record.run_id, record_id=record_oid, kind=record.kind,
+        created_at=record.created_at, full=record.full,
+        covers="full" if record.full else subset_text(result).strip(" ()") or "subset",
+        passed=result["passed"], complete=result["complete"], cases=point["cases"],
+        metrics={n: MetricRate(**{k: m[k] for k in MetricRate.model_fields})
+                 for n, m in point["metrics"].items()},
+        regressions=len(result["regressions"]) if compared else None,
+        fixes=len(result["fixes"]) if compared else None,
+        baseline_run=base.get("run_id") if compared else None,
+        duration=duration(record.run_id, record.created_at),
+        cost=result["estimated_cost"], cost_note=result["cost_note"],
+        statuses=statuses, flaky=flaky)
+
+
+def data_name(eval_set_id: str) -> str:
+    return f"{page_name(eval_set_id)}.json"
+
+
+def load(store: Any, eval_set_id: str) -> SetData | None:
+    """The stored rows of ``eval_set_id``, or None (missing, or unusable: with a warning)."""
+    data = store.get_ref(SITE, data_name(eval_set_id))
+    return None if data is None else _parse(data, data_name(eval_set_id), eval_set_id)
+
+
+def _parse(data: bytes, name: str, eval_set_id: str | None = None) -> SetData | None:
+    try:
+        found = SetData.model_validate(parse_stored(data, what=f"{SITE}/{name}",
+                                                    limit=_DATA_LIMIT))
+    except (EvalsnapError, ValidationError) as exc:
+        logger.warning("site data %s unusable (%s); rebuilding it from the runs", name,
+                       str(exc).splitlines()[0])
+        return None
+    if eval_set_id is not None and found.eval_set_id != eval_set_id:
+        logger.warning("site data %s is of another eval set; rebuilding it from the runs", name)
+        return None
+    return found
+
+
+def load_all(store: Any) -> list[SetData]:
+    """Every eval set's stored rows (one listing, one read each), by eval set id."""
+    found = []
+    for name in store.list_refs(SITE):
+        data = store.get_ref(SITE, name) if name.endswith(".json") else None
+        parsed = _parse(data, name) if data is not None else None
+        if parsed is not None and data_name(parsed.eval_set_id) == name:
+            found.append(parsed)
+    return sorted(found, key=lambda d: d.eval_set_id)
+
+
+def save(store: Any, data: SetData) -> None:
+    store.put_ref(SITE, data_name(data.eval_set_id), data.model_dump_json().encode())
+
+
+def with_row(data: SetData | None, eval_set_id: str, row: RunRow) -> SetData:
+    """``data`` with ``row`` in (replacing the same run's), oldest first; case statuses kept
+    for the newest :data:`CASE_RUNS` runs only (the file stays small over years)."""
+    rows = sorted([r for r in (data.runs if data else []) if r.run_id != row.run_id] + [row],
+                  key=lambda r: (r.created_at, r.run_id))
+    old = len(rows) - CASE_RUNS
+    rows = [r.model_copy(update={"statuses": {}, "flaky": {}}) if i < old else r
+            for i, r in enumerate(rows)]
+    return SetData(eval_set_id=eval_set_id, runs=rows)
+
+
+def rebuild(store: Any, eval_set_id: str, names: list[str] | None = None) -> SetData:
+    """The rows of every readable run of ``eval_set_id`` (``names``: its manifests' names,
+    oldest first, if listed already), read from the records; a run that cannot be read is
+    skipped with a warning, as ``history`` skips it."""
+    if names is None:
+        names = [n for _, n in runs_by_set(store).get(eval_set_id, [])]
+    data: SetData | None = None
+    for name in names:
+        try:
+            manifest = repo.read_manifest(store, name)
+            record = repo.get(store, EvaluationRecord, manifest.record_oid)
+            data = with_row(data, eval_set_id, run_row(store, manifest.record_oid, record))
+        except UNREADABLE_MANIFEST as exc:
+            logger.warning("site: skipping run %s: %s", name, exc)
+        except EvalsnapError as exc:
+            logger.warning("site: skipping run %s: its record or a unit cannot be read (%s)",
+                           name, exc)
+    return data or SetData(eval_set_id=eval_set_id, runs=[])

@@ -1,0 +1,199 @@
+"""A browsable static site of the store's runs (``v1/site/``; ``evalsnap site --out DIR``).
+
+Pages, all linked relatively, so that the same tree works from a bucket's URL, a CDN, or a
+folder opened with ``file://``:
+
+* ``index.html`` — the eval sets: runs, the latest run, the pass rate per metric of the
+  latest full run;
+* ``sets/<set>/index.html`` — an eval set's runs (date, kind, covers, pass rate per metric,
+  regressions, duration, cost, links) and the trend of its full runs; subsets are listed
+  apart and never drawn in the trend (they measure part of the set);
+* ``sets/<set>/cases.html`` — per case × metric, its status in each of the last runs, and
+  a *flaky* marker when it flipped (as ``history --flaky`` counts flips) or its
+  repetitions disagreed within a run;
+* ``runs/<run>/index.html`` — a run's page: the report's page (:mod:`.html`) with each
+  case's invocation rows and judge ledger on a page of their own,
+  ``runs/<run>/cases/<case>.html``, so that the run's page stays small.
+
+Same rules as the report: inline CSS, no script, a Content-Security-Policy that forbids
+every fetch, every value escaped by jinja2's autoescaping; ids become path segments only
+through :func:`~._site_data.page_name`. A publish refreshes the pages its run changes
+(:func:`refresh`): the index, its eval set's two pages and the run's own, from the eval
+set's stored rows (:mod:`._site_data`); :func:`build` makes the whole tree from the records.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from evalsnap.records import EvaluationRecord, repo
+from evalsnap.reports import _site_data as data
+from evalsnap.reports._site_data import CASE_RUNS, RunRow, SetData, page_name
+from evalsnap.reports.history import flips, metric_names, runs_by_set
+from evalsnap.reports.html import _dots, page_context, template
+
+__all__ = ["CONTENT_TYPE", "build", "refresh", "run_pages", "set_pages", "write_dir"]
+
+logger = logging.getLogger(__name__)
+
+CONTENT_TYPE = "text/html; charset=utf-8"
+#: Full runs the eval set's trend draws.
+TREND_RUNS = 120
+
+
+def _run_dir(run_id: str) -> str:
+    return f"runs/{page_name(run_id)}"
+
+
+def _set_dir(eval_set_id: str) -> str:
+    return f"sets/{page_name(eval_set_id)}"
+
+
+def _render(name: str, **values: Any) -> bytes:
+    return template(name).render(**values).encode("utf-8")
+
+
+def _minutes(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def _row(r: RunRow, up: str) -> dict[str, Any]:
+    """A run's values for a table (``up``: the relative way back to the site's root)."""
+    return {**r.model_dump(), "when": r.created_at[:16].replace("T", " "),
+            "href": f"{up}{_run_dir(r.run_id)}/index.html", "duration_text": _minutes(r.duration),
+            "verdict": "passed" if r.passed else "failed" if r.complete else "incomplete",
+            "cost_text": f"{r.cost:.6f}" if r.cost is not None else "—",
+            "metrics": {n: m.model_dump() for n, m in r.metrics.items()}}
+
+
+def index_page(sets: list[SetData]) -> bytes:
+    """``index.html``: one row per eval set."""
+    rows = []
+    for s in sets:
+        full = [r for r in s.runs if r.full]
+        latest = s.runs[-1] if s.runs else None
+        rows.append({"eval_set_id": s.eval_set_id, "href": f"{_set_dir(s.eval_set_id)}/index.html",
+                     "runs": len(s.runs), "full_runs": len(full),
+                     "latest": _row(latest, "") if latest else None,
+                     "latest_full": _row(full[-1], "") if full else None})
+    return _render("site_index.html", sets=rows)
+
+
+def set_pages(s: SetData) -> dict[str, bytes]:
+    """``sets/<set>/index.html`` (runs, trend of full runs) and ``cases.html``."""
+    rows = [_row(r, "../../") for r in reversed(s.runs)]  # newest first
+    full = [r.model_dump() for r in s.runs if r.full][-TREND_RUNS:]
+    names = metric_names([r.model_dump() for r in s.runs])
+    trend = [{"name": n, "dots": _dots(n, full, width=480, height=34)} for n in names]
+    nav = [("all eval sets", "../../index.html"), ("case history", "cases.html")]
+    base = _set_dir(s.eval_set_id)
+    return {
+        f"{base}/index.html": _render(
+            "site_set.html", eval_set_id=s.eval_set_id, nav=nav, metrics=names, trend=trend,
+            full_runs=[r for r in rows if r["full"]], subset_runs=[r for r in rows if not r["full"]],
+            trend_count=len(full)),
+        f"{base}/cases.html": _render(
+            "site_cases.html", eval_set_id=s.eval_set_id,
+            nav=[("all eval sets", "../../index.html"), ("runs", "index.html")], **_case_history(s)),
+    }
+
+
+def _case_history(s: SetData) -> dict[str, Any]:
+    """Per case × metric, its status in each of the newest :data:`CASE_RUNS` runs (oldest
+    first), how often it flipped and whether its repetitions disagreed in any of them."""
+    runs = [r for r in s.runs if r.statuses][-CASE_RUNS:]
+    pairs: list[tuple[str, str]] = []
+    for r in runs:
+        pairs += [(c, m) for c, ms in r.statuses.items() for m in ms if (c, m) not in pairs]
+    lines: list[dict[str, Any]] = []
+    for case, metric in sorted(pairs):
+        statuses = [r.statuses.get(case, {}).get(metric) for r in runs]
+        disagreed = [metric in r.flaky.get(case, []) for r in runs]
+        n = flips([x for x in statuses if x is not None])
+        lines.append({"eval_id": case, "metric": metric, "flips": n,
+                      "cells": [{"status": x, "flaky": d} for x, d in zip(statuses, disagreed,
+                                                                         strict=True)],
+                      "flaky": n > 0 or any(disagreed)})
+    lines.sort(key=lambda x: (not x["flaky"], -x["flips"]))  # flaky first, stable otherwise
+    return {"runs": [_row(r, "../../") for r in runs], "lines": lines,
+            "n_flaky": sum(x["flaky"] for x in lines)}
+
+
+def run_pages(store: Any, record_oid: str, record: EvaluationRecord, *,
+              context: dict[str, Any] | None = None,
+              earlier: list[dict[str, Any]] | None = None) -> dict[str, bytes]:
+    """``runs/<run>/index.html`` and one page per case under ``runs/<run>/cases/``, from the
+    report's :func:`~.html.page_context` (``context``: made already; ``earlier``: the
+    trend's points before the run, when known)."""
+    ctx = context if context is not None else page_context(store, record_oid, record,
+                                                           earlier=earlier)
+    base, up = _run_dir(record.run_id), "../../"
+    nav = [("all eval sets", f"{up}index.html"),
+           (f"eval set {record.eval_set_id}", f"{up}{_set_dir(record.eval_set_id)}/index.html"),
+           ("case history", f"{up}{_set_dir(record.eval_set_id)}/cases.html")]
+    by_case: dict[str, list[dict[str, Any]]] = {}
+    for c in ctx["cases"]:
+        c["href"] = f"cases/{page_name(c['case']['eval_id'])}.html"
+        by_case.setdefault(c["case"]["eval_id"], []).append(c)
+    pages = {f"{base}/index.html": _render("report.html", **{**ctx, "nav": nav})}
+    back = [("run " + record.run_id, "../index.html")] + [(label, "../" + href) for label, href in nav]
+    for eval_id, reps in by_case.items():
+        pages[f"{base}/cases/{page_name(eval_id)}.html"] = _render(
+            "site_case.html", record=record, record_oid=record_oid, eval_id=eval_id,
+            repetitions=sorted(reps, key=lambda c: c["case"]["repetition"]), nav=back)
+    return pages
+
+
+def refresh(store: Any, record_oid: str, record: EvaluationRecord, result: dict[str, Any],
+            context: dict[str, Any] | None = None) -> dict[str, bytes]:
+    """After a run's commit: its row into its eval set's data, then the pages it changes
+    (the index, its eval set's pages, its own), written in one batch. ``result``: its
+    summary; ``context``: its report's page context, if made already (its page and history
+    point are read once per run). Returns the pages written."""
+    row = data.run_row(store, record_oid, record, result,
+                       point=context["point"] if context is not None else None)
+    found = data.load(store, record.eval_set_id)
+    rows = data.with_row(found, record.eval_set_id, row) if found is not None else \
+        data.rebuild(store, record.eval_set_id)
+    if row.run_id not in {r.run_id for r in rows.runs}:  # not listed yet: eventual listing
+        rows = data.with_row(rows, record.eval_set_id, row)
+    data.save(store, rows)
+    sets = [s for s in data.load_all(store) if s.eval_set_id != rows.eval_set_id] + [rows]
+    pages = {"index.html": index_page(sorted(sets, key=lambda s: s.eval_set_id)),
+             **set_pages(rows), **run_pages(store, record_oid, record, context=context)}
+    store.put_site(pages, CONTENT_TYPE)
+    return pages
+
+
+def build(store: Any, *, save: bool = False) -> dict[str, bytes]:
+    """Every page of the site, from the records (``save``: the eval sets' rows too, as a
+    refresh reads them)."""
+    sets, pages = [], {}
+    for eval_set_id, runs in sorted(runs_by_set(store).items()):
+        s = data.rebuild(store, eval_set_id, [n for _, n in runs])
+        if save:
+            data.save(store, s)
+        sets.append(s)
+        pages.update(set_pages(s))
+        for i, r in enumerate(s.runs):  # the trend from the rows: no history walk per run
+            earlier = [x.model_dump() for x in s.runs[:i] if x.created_at <= r.created_at]
+            pages.update(run_pages(store, r.record_id, repo.get(store, EvaluationRecord,
+                                                                r.record_id), earlier=earlier))
+    pages["index.html"] = index_page(sets)
+    return pages
+
+
+def write_dir(out: str | Path, pages: dict[str, bytes]) -> Path:
+    """Writes the pages under ``out`` (created if needed); returns its absolute path."""
+    root = Path(out).expanduser().absolute()
+    for path, content in pages.items():
+        target = root.joinpath(*path.split("/"))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_bytes(content)
+        tmp.replace(target)
+    return root

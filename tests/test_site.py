@@ -1,0 +1,297 @@
+"""The browsable site of a store (``v1/site/``; ``evalsnap site``), issue 30 item 3.
+
+The session's golden demo run (a full run) is copied into a moto bucket; a subset rerun of
+two cases publishes there, which refreshes the site: its pages are ``text/html`` objects
+that Debian's ``chromium`` opens over plain HTTP from the bucket. From the index the test
+follows the links a person would click — to the eval set, to the run's page, to a case's
+ledger page — and finds there the numbers of ``show --json``; the subset run is listed
+apart and not in the trend. On a local copy, a rescore with stricter thresholds makes
+cases flip: the case history marks as flaky exactly what ``history --flaky`` counts, and
+``evalsnap site --out DIR`` writes the very pages the runs refreshed. A crafted eval set
+and case ids stay text and safe path segments.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urljoin
+
+import boto3
+import httpx
+import pytest
+
+from evalsnap.reports._site_data import page_name
+from tests._cli import run_inproc
+from tests.servers import Server, moto_with_bucket
+from tests.test_remote_stores import _env
+from tests.test_report_browser import CHROMIUM, browse
+from tests.test_reports import _stats, _units, check_numbers, parse_page
+
+BUCKET = "evalsnap-site"
+PREFIX = "nightly"
+SUBSET = ("weather_paris", "cart_state_mismatch")
+HREF = re.compile(r'<a href="([^"]+)"([^>]*)>')
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not "
+                                    "installed (apt-get install chromium)")
+
+
+def _client(server: Server) -> Any:
+    return boto3.client("s3", endpoint_url=server.url, aws_access_key_id="testing",
+                        aws_secret_access_key="testing", region_name="us-east-1")
+
+
+def _hrefs(dom: str, marker: str = "") -> list[str]:
+    """The hrefs of the page's links whose attributes hold ``marker``."""
+    return [href.replace("&amp;", "&") for href, rest in HREF.findall(dom) if marker in rest]
+
+
+def _show(run_id: str, store: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    shown = run_inproc("show", run_id, "--store", store, "--json", env=env)
+    assert shown.code == 0, shown.stderr[-2000:]
+    return shown.json
+
+
+@pytest.fixture(scope="module")
+def bucket(golden_demo: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The golden demo's store in a moto bucket, then a subset rerun published there."""
+    root = tmp_path_factory.mktemp("site-s3")
+    agent, store, cold = golden_demo.copy(root)
+    with moto_with_bucket(BUCKET) as server:
+        client = _client(server)
+        # the site, and only the site, readable by anyone (docs/reports.md): a browser
+        # opens it with no credentials; the records stay private
+        client.put_bucket_policy(Bucket=BUCKET, Policy=json.dumps({
+            "Version": "2012-10-17", "Statement": [{
+                "Effect": "Allow", "Principal": "*", "Action": "s3:GetObject",
+                "Resource": f"arn:aws:s3:::{BUCKET}/{PREFIX}/v1/site/*"}]}))
+        for path in store.rglob("*"):
+            if path.is_file():
+                client.put_object(Bucket=BUCKET, Key=f"{PREFIX}/{path.relative_to(store)}",
+                                  Body=path.read_bytes())
+        env = _env(AWS_ENDPOINT_URL=server.url)
+        url = f"s3://{BUCKET}/{PREFIX}"
+        subset = run_inproc("run", str(agent), str(agent / "shop.evalset.json"), "--store", url,
+                            *[a for c in SUBSET for a in ("--case", c)], "--reuse", "--json",
+                            env=env)
+        assert subset.code == 1, subset.stderr[-3000:]  # cart_state_mismatch fails
+        assert subset.json["full"] is False
+        yield {"server": server, "client": client, "env": env, "url": url, "root": root,
+               "cold": cold.json, "subset": subset.json,
+               "base": f"{server.url}/{BUCKET}/{PREFIX}/v1/site/",
+               "shows": {r.json["run_id"]: _show(r.json["run_id"], url, env)
+                         for r in (cold, subset)}}
+
+
+def test_publish_writes_the_site_as_html_objects(bucket: dict[str, Any]) -> None:
+    client, run_id = bucket["client"], bucket["subset"]["run_id"]
+    keys = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(
+        Bucket=BUCKET, Prefix=f"{PREFIX}/v1/site/runs/{page_name(run_id)}/")
+        for o in page.get("Contents", [])]
+    written = [k for k in keys if k.endswith(".html")]
+    assert len(written) == 1 + len(SUBSET), keys  # its page and one per case
+    for key in [f"{PREFIX}/v1/site/index.html", f"{PREFIX}/v1/site/sets/shop/index.html",
+                f"{PREFIX}/v1/site/sets/shop/cases.html", *keys]:
+        head = client.head_object(Bucket=BUCKET, Key=key)
+        assert head["ContentType"] == "text/html; charset=utf-8", key
+        # anonymous: a browser with no credentials reads what a public bucket serves
+        got = httpx.get(f"{bucket['server'].url}/{BUCKET}/{key}", timeout=30)
+        assert got.status_code == 200 and got.headers["content-type"].startswith("text/html")
+    # a refresh writes what the run changes, never the whole site: the earlier run's page
+    # is still the copy this test uploaded (untyped)
+    cold_page = f"{PREFIX}/v1/site/runs/{page_name(bucket['cold']['run_id'])}/index.html"
+    assert client.head_object(Bucket=BUCKET, Key=cold_page)["ContentType"] != \
+        "text/html; charset=utf-8"
+    record = f"{PREFIX}/v1/refs/runs/{run_id}"
+    assert httpx.get(f"{bucket['server'].url}/{BUCKET}/{record}", timeout=30).status_code == 403
+
+
+@needs_chromium
+def test_browser_follows_the_links_to_the_numbers(bucket: dict[str, Any], tmp_path: Path) -> None:
+    """index → eval set → the subset run's page → a case's ledger page, over HTTP."""
+    base, shows, subset = bucket["base"], bucket["shows"], bucket["subset"]
+    index, console = browse(base + "index.html", "--dump-dom", tmp=tmp_path)
+    assert console == [], console
+    set_url = urljoin(base + "index.html", _hrefs(index, 'data-link="set"')[0])
+    set_dom, console = browse(set_url, "--dump-dom", tmp=tmp_path)
+    assert console == [], console
+    # the runs table: per run, per metric, the pass rate and counts of show --json
+    rows = _run_rows(set_dom)
+    assert set(rows) == set(shows)
+    for run_id, shown in shows.items():
+        for metric, s in _stats(shown).items():
+            assert rows[run_id]["metrics"][metric] == (
+                f"{100 * s['passed'] / s['units']:.1f}%", str(s["passed"]), str(s["units"]))
+    assert rows[subset["run_id"]]["full"] == "false" and rows[bucket["cold"]["run_id"]]["full"] == "true"
+    # the trend draws the full run only; the subset is listed apart
+    trend_runs = set(re.findall(r'<circle[^>]*data-run="([^"]+)"', set_dom))
+    assert trend_runs == {bucket["cold"]["run_id"]}, trend_runs
+    assert set_dom.index("Subset runs") < set_dom.index(f'data-run="{subset["run_id"]}"')
+
+    run_href = next(h for h in _hrefs(set_dom, 'data-link="run"') if h in _run_links(set_dom,
+                                                                                 subset["run_id"]))
+    run_url = urljoin(set_url, run_href)
+    run_dom, console = browse(run_url, "--dump-dom", tmp=tmp_path)
+    assert console == [], console
+    check_numbers(parse_page(run_dom), shows[subset["run_id"]], subset)
+    assert "data-ledger=" not in run_dom, "the run's page links its ledger; it does not hold it"
+
+    case = "weather_paris"
+    case_url = urljoin(run_url, next(h for h in _hrefs(run_dom, f'data-details="{case}"')))
+    case_dom, console = browse(case_url, "--dump-dom", tmp=tmp_path)
+    assert console == [], console
+    shown_case = next(c for c in shows[subset["run_id"]]["cases"] if c["eval_id"] == case)
+    ledger = {e["oid"] for m in shown_case["metrics"].values() for e in m["ledger"]}
+    assert ledger, "expected the judge metrics of the case to have ledger entries"
+    assert set(re.findall(r'data-ledger="([^"]+)"', case_dom)) == ledger
+    page = parse_page(case_dom)
+    for name, m in shown_case["metrics"].items():
+        assert page.units[(case, name, "status")].startswith(m["status"]), name
+        assert page.units[(case, name, "score")] == (
+            "—" if m["score"] is None else f"{m['score']:.3f}"), name
+
+
+def _run_rows(dom: str) -> dict[str, dict[str, Any]]:
+    """Per run row of an eval set's page: whether full, and per metric (rate, passed, units)."""
+    rows = {}
+    for run_id, full, body in re.findall(
+            r'<tr data-run="([^"]+)" data-full="(true|false)"[^>]*>(.*?)</tr>', dom, re.S):
+        metrics = {m: (rate, passed, units) for m, rate, passed, units in re.findall(
+            r'<td class="n" data-metric="([^"]+)"><span data-stat="pass_rate">([^<]*)</span> '
+            r'<span class="muted">\(<span data-stat="passed">(\d+)</span>/<span '
+            r'data-stat="units">(\d+)</span>\)</span></td>', body)}
+        rows[run_id] = {"full": full, "metrics": metrics}
+    return rows
+
+
+def _run_links(dom: str, run_id: str) -> str:
+    return re.search(rf'<tr data-run="{re.escape(run_id)}".*?</tr>', dom, re.S).group(0)
+
+
+def test_the_demo_run_page_is_small(golden_demo: Any, tmp_path: Path) -> None:
+    """≤ 100 KB, the ledger one click away; every ledger entry on its case's page."""
+    _, store, cold = golden_demo.copy(tmp_path)
+    shown = _show(cold.json["run_id"], str(store))
+    pages = _site_files(store)
+    run_page = next(p for p in pages if p.endswith("/index.html") and p.startswith("runs/"))
+    assert len(pages[run_page]) <= 100_000, len(pages[run_page])
+    assert b"data-ledger=" not in pages[run_page]
+    on_pages = {oid for p, b in pages.items() if "/cases/" in p
+                for oid in re.findall(r'data-ledger="([^"]+)"', b.decode())}
+    assert on_pages == {e["oid"] for c in shown["cases"] for m in c["metrics"].values()
+                        for e in m["ledger"]}
+
+
+def _site_files(store: Path) -> dict[str, bytes]:
+    root = store / "v1" / "site"
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def flipped(golden_demo: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A local copy of the golden store and a rescore of its run with stricter thresholds."""
+    root = tmp_path_factory.mktemp("site-local")
+    agent, store, cold = golden_demo.copy(root)
+    config = json.loads((agent / "test_config.json").read_text("utf-8"))
+    config["criteria"]["response_match_score"] = 0.8
+    strict = agent / "strict_config.json"
+    strict.write_text(json.dumps(config), "utf-8")
+    b = run_inproc("rescore", cold.json["run_id"], "--config", str(strict), "--store",
+                   str(store), "--reuse", "--json")
+    assert b.code in (1, 3), b.stderr[-3000:]
+    return {"store": store, "root": root, "cold": cold.json, "strict": b.json,
+            "golden_store": golden_demo.root / "store"}
+
+
+def test_case_history_marks_what_history_flaky_counts(flipped: dict[str, Any]) -> None:
+    flaky = run_inproc("history", "shop", "--flaky", "--json", "--last", "30", "--store",
+                       str(flipped["store"]))
+    assert flaky.code == 0, flaky.stderr[-2000:]
+    expected = {(e["eval_id"], e["metric"]): e["flips"] for e in flaky.json["flaky"]}
+    assert expected, "expected the stricter thresholds to flip some cases"
+    dom = (flipped["store"] / "v1" / "site" / "sets" / "shop" / "cases.html").read_text("utf-8")
+    lines = re.findall(r'<tr data-case="([^"]+)" data-metric="([^"]+)" data-flips="(\d+)" '
+                       r'data-flaky="(true|false)">', dom)
+    assert {(c, m): int(n) for c, m, n, _ in lines if int(n)} == expected
+    assert {(c, m) for c, m, _, f in lines if f == "true"} >= set(expected)
+    b, a = _units(_show(flipped["strict"]["run_id"], str(flipped["store"]))), \
+        _units(_show(flipped["cold"]["run_id"], str(flipped["store"])))
+    assert {(c, m) for c, m, n, _ in lines if int(n)} == {
+        (k[0], k[2]) for k in b if b[k]["status"] != a[k]["status"]}
+
+
+@needs_chromium
+def test_site_out_dir_is_the_published_site(flipped: dict[str, Any], tmp_path: Path) -> None:
+    """``evalsnap site --out DIR`` writes, from the records, the pages the runs refreshed;
+    the tree opens from ``file://``, links and all."""
+    out = tmp_path / "site"
+    r = run_inproc("site", "--store", str(flipped["store"]), "--out", str(out))
+    assert r.code == 0, r.stderr[-3000:]
+    assert str(out / "index.html") in r.stdout
+    written = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    # the golden run's page was written in the golden store, and names it
+    stored = {p: b.replace(str(flipped["golden_store"]).encode(), str(flipped["store"]).encode())
+              for p, b in _site_files(flipped["store"]).items()}
+    assert written == stored
+    index, console = browse((out / "index.html").as_uri(), "--dump-dom", tmp=tmp_path)
+    assert console == [], console
+    for href in _hrefs(index):
+        assert (out / href).is_file(), href
+    set_dir = out / _hrefs(index, 'data-link="set"')[0]
+    for href in _hrefs(set_dir.read_text("utf-8")):
+        assert (set_dir.parent / href).resolve().is_file(), href
+    nothing = run_inproc("site", "--store", str(flipped["store"]))
+    assert nothing.code == 2 and "--out DIR" in nothing.stderr
+    afile = tmp_path / "f"
+    afile.write_text("x")
+    bad = run_inproc("site", "--store", str(flipped["store"]), "--out", str(afile))
+    assert bad.code == 2 and "is a file" in bad.stderr
+
+
+CRAFTED_SET = 'Shop <b>"x"</b>/../../etc'
+CRAFTED_CASES = {"cart_state_mismatch": "../../evil<script>alert(1)</script>",
+                 "greeting_then_weather": "Weather_Paris",  # a case-insensitive disk's twin
+                 "weather_paris": "weather_paris"}
+
+
+def test_crafted_ids_are_text_and_safe_names(shop_copy: Path, tmp_path: Path) -> None:
+    """An eval set and case ids full of markup and path parts: pages only under
+    ``v1/site/``, named by safe segments, ids shown as text; a site that cannot be written
+    warns and does not change the run's result."""
+    evalset = shop_copy / "shop.evalset.json"
+    data = json.loads(evalset.read_text("utf-8"))
+    data["eval_set_id"] = CRAFTED_SET
+    data["eval_cases"] = [c for c in data["eval_cases"] if c["eval_id"] in CRAFTED_CASES]
+    for c in data["eval_cases"]:
+        c["eval_id"] = CRAFTED_CASES[c["eval_id"]]
+    crafted = shop_copy / "crafted.evalset.json"
+    crafted.write_text(json.dumps(data), "utf-8")
+    store = tmp_path / "store"
+    r = run_inproc("run", str(shop_copy), str(crafted), "--store", str(store), "--json")
+    assert r.code in (0, 1, 3), r.stderr[-3000:]
+    pages = _site_files(store)
+    assert len(pages) == 4 + len(CRAFTED_CASES), sorted(pages)
+    assert all(re.fullmatch(r"[a-z0-9_-]+(/[a-z0-9_-]+)*\.html", p) for p in pages), sorted(pages)
+    site = store / "v1" / "site"
+    assert not [p for p in tmp_path.rglob("*") if ("evil" in p.name or p.name == "etc")
+                and not p.is_relative_to(site)], "a crafted id became a path outside the site"
+    text = b"".join(pages.values()).decode()
+    assert "<script>alert" not in text and "<b>" not in text
+    assert "../../evil&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    assert "Shop &lt;b&gt;&#34;x&#34;&lt;/b&gt;/../../etc" in text
+    for path, content in pages.items():  # every link names a page of the tree
+        for href in _hrefs(content.decode()):
+            target = (Path("/site") / path).parent / href
+            assert target.resolve().relative_to("/site").as_posix() in pages, (path, href)
+
+    # the site in the way (a file where v1/site/ goes): the run warns and keeps its verdict
+    shutil.rmtree(store / "v1" / "site")
+    (store / "v1" / "site").write_text("not a folder")
+    again = run_inproc("run", str(shop_copy), str(crafted), "--store", str(store), "--json",
+                       "--reuse")
+    assert again.code == r.code, again.stderr[-3000:]
+    assert "could not refresh the store's site" in again.stderr
