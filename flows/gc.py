@@ -10,6 +10,7 @@ from pydantic import Field
 from evalsnap.records import repo
 from evalsnap.records.gc import DEFAULT_GRACE, collect, parse_duration
 from evalsnap.reports.lastgood import is_good
+from evalsnap.reports.site import after_gc
 from tasks.support import STORE_DEFAULT, with_parameter_docs
 
 
@@ -50,10 +51,12 @@ def gc(
 
     from evalsnap import settings
 
-    report = collect(repo.open_store(store or settings.get().store), good=is_good,
-                     keep_last=keep_last or None,
-                     older_than_days=older_than_days or None, grace=parse_duration(grace),
-                     dry_run=dry_run).as_dict()
+    opened = repo.open_store(store or settings.get().store)
+    found = collect(opened, good=is_good, keep_last=keep_last or None,
+                    older_than_days=older_than_days or None, grace=parse_duration(grace),
+                    dry_run=dry_run)
+    after_gc(opened, found)  # the site stops listing and linking the removed runs
+    report = found.as_dict()
     create_markdown_artifact(markdown=_markdown(report), key="evalsnap-gc",
                              description="What evalsnap gc kept and removed")
     return {k: v for k, v in report.items() if k != "removed"}

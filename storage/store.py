@@ -480,6 +480,23 @@ class Store:
                            {self._path(rel): data for rel, data in items.items()}, create=False,
                            content_type=content_type)
 
+    def delete_site(self, directory: str) -> int:
+        """Remove the pages under ``directory`` of the site (relative to ``v1/site/``; e.g. a
+        run's pages once gc removed the run). Returns how many files were removed."""
+        rel = site_rel(directory)
+        self._ensure_ready()
+        try:
+            found = self._b.call(f"listing {self._url(rel)}", "find", self._path(rel), long=True)
+        except FileNotFoundError:
+            return 0
+        paths = sorted(found if isinstance(found, list) else found.keys())
+        for path in paths:
+            try:
+                self._b.call(f"deleting {self._url_of(path)}", "rm_file", path)
+            except FileNotFoundError:
+                pass
+        return len(paths)
+
     def site_link(self, path: str, *, public_url: str | None = None) -> str:
         """Where a browser opens a page of the site: ``public_url`` + its path, a local
         ``file://`` URL, else the store URL (a bucket's site wants a public URL: a signed

@@ -295,3 +295,26 @@ def test_crafted_ids_are_text_and_safe_names(shop_copy: Path, tmp_path: Path) ->
                        "--reuse")
     assert again.code == r.code, again.stderr[-3000:]
     assert "could not refresh the store's site" in again.stderr
+
+
+def test_gc_takes_removed_runs_off_the_site(flipped: dict[str, Any], tmp_path: Path) -> None:
+    """A run gc removed is neither listed nor linked any more, and its pages are gone; the
+    kept run's page stays as it was."""
+    store = tmp_path / "store"
+    shutil.copytree(flipped["store"], store)
+    cold, strict = flipped["cold"]["run_id"], flipped["strict"]["run_id"]
+    before = _site_files(store)
+    assert any(p.startswith(f"runs/{page_name(cold)}/") for p in before)
+    r = run_inproc("gc", "--keep-last", "1", "--grace", "0", "--store", str(store), "--json")
+    assert r.code == 0, r.stderr[-3000:]
+    assert [x["run_id"] for x in r.json["runs_removed"]] == [cold], r.json
+    after = _site_files(store)
+    assert not any(p.startswith(f"runs/{page_name(cold)}/") for p in after)
+    kept = f"runs/{page_name(strict)}/index.html"
+    assert after[kept] == before[kept]
+    for page in ("index.html", "sets/shop/index.html", "sets/shop/cases.html"):
+        assert cold not in after[page].decode("utf-8"), page
+    assert strict in after["sets/shop/index.html"].decode("utf-8")
+    # the rows the next publish starts from have lost it too
+    rows = json.loads((store / "v1" / "refs" / "site" / "shop.json").read_text("utf-8"))
+    assert [x["run_id"] for x in rows["runs"]] == [strict]

@@ -72,11 +72,13 @@ def gc(
     """Remove old runs and every object no kept run names (the newest run of each eval set stays)."""
     from evalsnap.records.gc import collect, gc_table, parse_duration
     from evalsnap.reports.lastgood import is_good
+    from evalsnap.reports.site import after_gc
 
     with _handled():
         s = _open_store(store, storage_option)  # never writes v1/STORE: gc is not a writer
         report = collect(s, good=is_good, keep_last=keep_last, older_than_days=older_than,
                          grace=parse_duration(grace), dry_run=dry_run)
+        after_gc(s, report)  # the site stops listing and linking the removed runs
     if as_json:
         _print_json(report.as_dict())
         return

@@ -34,7 +34,7 @@ from evalsnap.reports._site_data import CASE_RUNS, RunRow, SetData, page_name
 from evalsnap.reports.history import flips, metric_names, runs_by_set
 from evalsnap.reports.html import _dots, page_context, template
 
-__all__ = ["CONTENT_TYPE", "build", "refresh", "run_pages", "set_pages", "write_dir"]
+__all__ = ["CONTENT_TYPE", "after_gc", "build", "forget", "refresh", "run_pages", "set_pages", "write_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -167,6 +167,43 @@ def refresh(store: Any, record_oid: str, record: EvaluationRecord, result: dict[
              **set_pages(rows), **run_pages(store, record_oid, record, context=context)}
     store.put_site(pages, CONTENT_TYPE)
     return pages
+
+
+def forget(store: Any, removed: list[dict[str, Any]]) -> int:
+    """After gc removed runs (``removed``: gc's ``runs_removed`` entries): their rows out of
+    their eval sets' data, those sets' pages and the index written again, the runs' own
+    pages deleted, so that the site lists and links only runs that still exist. Returns
+    the number of pages deleted."""
+    if not removed:
+        return 0
+    gone: dict[str, set[str]] = {}
+    for run in removed:
+        gone.setdefault(run["eval_set_id"], set()).add(run["run_id"])
+    pages: dict[str, bytes] = {}
+    for eval_set_id, run_ids in gone.items():
+        found = data.load(store, eval_set_id)
+        rows = SetData(eval_set_id=eval_set_id,
+                       runs=[r for r in found.runs if r.run_id not in run_ids]) \
+            if found is not None else data.rebuild(store, eval_set_id)
+        data.save(store, rows)
+        pages.update(set_pages(rows))
+    sets = sorted((s for s in data.load_all(store) if s.runs), key=lambda s: s.eval_set_id)
+    pages["index.html"] = index_page(sets)
+    store.put_site(pages, CONTENT_TYPE)
+    return sum(store.delete_site(_run_dir(run["run_id"])) for run in removed)
+
+
+def after_gc(store: Any, report: Any) -> None:
+    """:func:`forget` the runs a (real) gc removed; a failure is one of the gc's warnings
+    (the site is a view: ``evalsnap site --store-site`` writes it whole again)."""
+    if report.dry_run or not report.runs_removed:
+        return
+    try:
+        forget(store, report.runs_removed)
+    except Exception as exc:  # noqa: BLE001 - a view of the store must not fail its gc
+        report.warnings.append(f"could not update the store's site (v1/site/) for the "
+                               f"removed runs: {exc}; `evalsnap site --store-site` writes it "
+                               "again")
 
 
 def build(store: Any, *, save: bool = False) -> dict[str, bytes]:
