@@ -8,12 +8,15 @@ import inspect
 import logging
 import re
 import typing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect.exceptions import Abort
 from pydantic import BeforeValidator
 
 from evalsnap import settings
+
+if TYPE_CHECKING:
+    from evalsnap.reports.summary_model import Summary
 
 logger = logging.getLogger(__name__)
 
@@ -271,7 +274,7 @@ def rename_flow_run(what: str, full: bool) -> None:
         logger.warning("could not rename the flow run: %s", exc)
 
 
-def emit_run_events(result: dict[str, Any], store_url: str) -> None:
+def emit_run_events(result: Summary, store_url: str) -> None:
     """One Prefect event per record: ``evalsnap.run.passed|failed|incomplete``, and
     ``evalsnap.run.regressed`` too when it regressed against its baseline; the resource is
     the record, labelled with eval set, store, record and run (automations match them)."""
@@ -279,28 +282,29 @@ def emit_run_events(result: dict[str, Any], store_url: str) -> None:
     from prefect.runtime import flow_run
 
     from evalsnap.reports.regressions import gate_message
+    from evalsnap.reports.summary_model import parts
 
     try:
         flow_run_url = flow_run.ui_url  # None outside a flow run (or without a UI URL)
     except Exception:  # noqa: BLE001 - a link is a view; the events still go
         flow_run_url = None
 
-    for part in result["runs"] if "runs" in result else [result]:
-        outcome = ("incomplete" if not part["complete"] else
-                   "passed" if part["passed"] else "failed")
-        resource = {"prefect.resource.id": f"evalsnap.record.{part['record_id']}",
-                    "prefect.resource.name": f"{part['eval_set_id']} {part['run_id']}",
-                    "evalsnap.eval-set": part["eval_set_id"], "evalsnap.store": store_url,
-                    "evalsnap.record": part["record_id"], "evalsnap.run": part["run_id"],
-                    "evalsnap.full": str(part.get("full", True)).lower()}
-        payload = {"message": gate_message(part), "exit_code": part["exit_code"],
-                   "regressions": (part.get("regressions") or [])[:20],
-                   "fixes": (part.get("fixes") or [])[:20],
-                   "baseline": part.get("baseline"),
+    for part in parts(result):
+        outcome = ("incomplete" if not part.complete else
+                   "passed" if part.passed else "failed")
+        resource = {"prefect.resource.id": f"evalsnap.record.{part.record_id}",
+                    "prefect.resource.name": f"{part.eval_set_id} {part.run_id}",
+                    "evalsnap.eval-set": part.eval_set_id, "evalsnap.store": store_url,
+                    "evalsnap.record": part.record_id, "evalsnap.run": part.run_id,
+                    "evalsnap.full": str(part.full).lower()}
+        payload = {"message": gate_message(part), "exit_code": part.exit_code,
+                   "regressions": [r.model_dump(mode="json") for r in part.regressions[:20]],
+                   "fixes": [f.model_dump(mode="json") for f in part.fixes[:20]],
+                   "baseline": part.baseline.model_dump(mode="json") if part.baseline else None,
                    # links a person follows from an alert: the report, the flow run in the UI
-                   "report_url": part.get("report_url"), "flow_run_url": flow_run_url}
+                   "report_url": part.report_url, "flow_run_url": flow_run_url}
         names = [f"evalsnap.run.{outcome}"] + (["evalsnap.run.regressed"]
-                                               if part.get("regressions") else [])
+                                               if part.regressions else [])
         for event in names:
             try:
                 emit_event(event=event, resource=resource, payload=payload)
@@ -319,7 +323,7 @@ class GateFailed(Abort):
     exception it lets end the process quietly (exit 0, one INFO line): the flow run's
     state, Failed with the one-line message, is on the server already."""
 
-    def __init__(self, message: str, summary: dict[str, Any]) -> None:
+    def __init__(self, message: str, summary: Summary) -> None:
         super().__init__(message)
         self.summary = summary
 
@@ -327,12 +331,12 @@ class GateFailed(Abort):
         return GateFailed, (str(self), self.summary)
 
 
-def summary_of_failed(data: Any) -> dict[str, Any] | None:
+def summary_of_failed(data: Any) -> Summary | None:
     """The summary a gate-failed flow run's state holds (:class:`GateFailed`), else None."""
     return data.summary if isinstance(data, GateFailed) else None
 
 
-def finish(result: dict[str, Any], fail_on: str, store_url: str) -> Any:
+def finish(result: Summary, fail_on: str, store_url: str) -> Any:
     """The flow's return value once every record is published: ``result`` with its exit
     codes under ``fail_on``, or Prefect's ``Failed`` state (a one-line message naming what
     failed, and the result as its data's ``summary``: :class:`GateFailed`) when the gate

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, SerializerFunctionWrapHandler, \
-    model_serializer
+from pydantic import BaseModel, ConfigDict, Field, RootModel, SerializerFunctionWrapHandler, model_serializer
 
 from evalsnap.records.record import Baseline, Coverage, EfficiencyValue, ModelPrice, TokenCounts
 from evalsnap.records.unit import Status
