@@ -20,7 +20,14 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from evalsnap import errors, settings
 from evalsnap.exitcodes import FailOn
 from evalsnap.records.record import TokenCounts
-from evalsnap.reports.summary_model import CaseResult, MetricResult, RecordResult, SuiteResult, Summary
+from evalsnap.reports.summary_model import (
+    CaseResult,
+    MetricResult,
+    RecordResult,
+    RunSummary,
+    SuiteResult,
+    Summary,
+)
 from evalsnap.spec import RunSpec
 
 __all__ = ["CaseResult", "MetricResult", "RecordResult", "RunResult", "RunSpec", "Tokens",
@@ -157,17 +164,17 @@ def check_store_url(url: Any) -> None:
 
 
 def flow_result(state: Any) -> Summary:
-    """The summary a flow run returned: also when the gate (``fail_on``) made it end
-    Failed, since the flow returns its ``Failed`` state with the summary as its data; an
-    exception the flow raised (a typed error) is raised here."""
+    """The summary a flow run returned (its ``--json`` object, read as its model): also when
+    the gate (``fail_on``) made it end Failed, since the flow returns its ``Failed`` state
+    with the summary as its data; an exception the flow raised (a typed error) is raised
+    here."""
     if state.is_failed():
         from tasks.support import summary_of_failed
 
         summary = summary_of_failed(state.result(raise_on_failure=False))
         if summary is not None:
-            return summary
-    result: Summary = state.result()
-    return result
+            return RunSummary.model_validate(summary).root
+    return RunSummary.model_validate(state.result()).root
 
 
 @contextlib.contextmanager

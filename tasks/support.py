@@ -323,7 +323,7 @@ class GateFailed(Abort):
     exception it lets end the process quietly (exit 0, one INFO line): the flow run's
     state, Failed with the one-line message, is on the server already."""
 
-    def __init__(self, message: str, summary: Summary) -> None:
+    def __init__(self, message: str, summary: dict[str, Any]) -> None:
         super().__init__(message)
         self.summary = summary
 
@@ -331,16 +331,18 @@ class GateFailed(Abort):
         return GateFailed, (str(self), self.summary)
 
 
-def summary_of_failed(data: Any) -> Summary | None:
-    """The summary a gate-failed flow run's state holds (:class:`GateFailed`), else None."""
+def summary_of_failed(data: Any) -> dict[str, Any] | None:
+    """The summary (the ``--json`` object) a gate-failed flow run's state holds
+    (:class:`GateFailed`), else None."""
     return data.summary if isinstance(data, GateFailed) else None
 
 
 def finish(result: Summary, fail_on: str, store_url: str) -> Any:
     """The flow's return value once every record is published: ``result`` with its exit
-    codes under ``fail_on``, or Prefect's ``Failed`` state (a one-line message naming what
-    failed, and the result as its data's ``summary``: :class:`GateFailed`) when the gate
-    fails. Returning the state, rather than raising, keeps the result for the caller
+    codes under ``fail_on`` as its ``--json`` object (plain JSON data, as a flow run's result
+    is best kept), or Prefect's ``Failed`` state (a one-line message naming what failed, and
+    that object as its data's ``summary``: :class:`GateFailed`) when the gate fails.
+    Returning the state, rather than raising, keeps the result for the caller
     (:func:`evalsnap.api.run_spec`), is no exception for Prefect to retry, and logs no
     ERROR or traceback anywhere: a gate failure is a verdict, not a crash."""
     from prefect.states import Failed
@@ -349,10 +351,11 @@ def finish(result: Summary, fail_on: str, store_url: str) -> Any:
 
     gated, message = gate(result, fail_on)
     emit_run_events(gated, store_url)
+    data = gated.model_dump(mode="json")
     if message is None:
-        return gated
+        return data
     _run_logger().warning("%s", message)  # in the flow run's logs: the UI shows why
-    return Failed(message=message, data=GateFailed(message, gated))
+    return Failed(message=message, data=GateFailed(message, data))
 
 
 def _run_logger() -> Any:

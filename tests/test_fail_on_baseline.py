@@ -230,8 +230,8 @@ def test_compare_tolerance_and_incomplete():
 
 
 def test_gate_exit_codes():
-    from evalsnap.reports.summary_model import Aggregate, CaseResult, MetricResult, RecordResult
     from evalsnap.reports.suite import combined
+    from evalsnap.reports.summary_model import Aggregate, CaseResult, MetricResult, RecordResult
 
     def agg(eval_id: str, status: str) -> Aggregate:
         failed, incomplete = int(status == "FAILED"), int(status == "NOT_EVALUATED")
