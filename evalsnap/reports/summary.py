@@ -1,5 +1,6 @@
-"""Summaries of records: the ``--json`` object and the score table (its ``exit_code`` is
-:mod:`evalsnap.exitcodes`'s)."""
+"""Summaries of records: the ``--json`` object, built as its model
+(:class:`~evalsnap.reports.summary_model.RecordResult`), and the score table (its
+``exit_code`` is :mod:`evalsnap.exitcodes`'s)."""
 
 from __future__ import annotations
 
