@@ -37,11 +37,14 @@ class _Contract(BaseModel):
 
     @model_serializer(mode="wrap")
     def _leave_out_unset(self, handler: SerializerFunctionWrapHandler) -> Any:
-        data = handler(self)
-        if isinstance(data, dict):
-            for name in self.SOMETIMES - self.model_fields_set:
-                data.pop(name, None)
-        return data
+        return _leave_out_unset(self, handler(self))
+
+
+def _leave_out_unset(model: _Contract, data: Any) -> Any:
+    if isinstance(data, dict):
+        for name in model.SOMETIMES - model.model_fields_set:
+            data.pop(name, None)
+    return data
 
 
 class MetricResult(_Contract):
@@ -150,6 +153,13 @@ class Change(_Contract):
     p_value: float | None = None
     significant: bool = True
     """False: within noise (Fisher's p-value not below ``alpha``); it fails no gate."""
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unset(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = _leave_out_unset(self, handler(self))
+        if isinstance(data, dict) and "n_before" in data:  # a case × metric's: ``change`` last
+            data["change"] = data.pop("change")
+        return data
 
 
 class MetricDelta(_Contract):
