@@ -27,6 +27,7 @@ from evalsnap.reports.summary_model import (
     RunSummary,
     SuiteResult,
     Summary,
+    parts,
 )
 from evalsnap.spec import RunSpec
 
@@ -64,17 +65,14 @@ class RunResult(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _one_eval_set(cls, data: Any) -> Any:
-        # The --json object of a run over one eval set is that eval set's record itself.
-        if isinstance(data, SuiteResult):
+        # The --json object of a run over one eval set is that eval set's record itself; the
+        # lists of ids of a run over several are its records' (``runs``).
+        if isinstance(data, RecordResult | SuiteResult):
             return {name: getattr(data, name) for name in cls.model_fields if name != "runs"} \
-                | {"runs": data.runs}
-        if isinstance(data, RecordResult):
-            return {name: getattr(data, name) for name in cls.model_fields if name != "runs"} \
-                | {"runs": [data]}
-        if isinstance(data, dict) and "runs" not in data:
-            return {key: data[key] for key in cls.model_fields if key in data} | {"runs": [data]}
+                | {"runs": parts(data)}
         if isinstance(data, dict):
-            return {key: data[key] for key in cls.model_fields if key in data}
+            return {key: data[key] for key in cls.model_fields if key in data and key != "runs"} \
+                | {"runs": data["runs"] if "runs" in data else [data]}
         return data
 
     @property
