@@ -37,10 +37,11 @@ class _Contract(BaseModel):
 
     @model_serializer(mode="wrap")
     def _leave_out_unset(self, handler: SerializerFunctionWrapHandler) -> Any:
-        return _leave_out_unset(self, handler(self))
+        return _without_unset(self, handler(self))
 
 
-def _leave_out_unset(model: _Contract, data: Any) -> Any:
+def _without_unset(model: _Contract, data: Any) -> Any:
+    """``data`` (a model's JSON) without the keys of its ``SOMETIMES`` that were not set."""
     if isinstance(data, dict):
         for name in model.SOMETIMES - model.model_fields_set:
             data.pop(name, None)
@@ -156,7 +157,7 @@ class Change(_Contract):
 
     @model_serializer(mode="wrap")
     def _leave_out_unset(self, handler: SerializerFunctionWrapHandler) -> Any:
-        data = _leave_out_unset(self, handler(self))
+        data = _without_unset(self, handler(self))
         if isinstance(data, dict) and "n_before" in data:  # a case × metric's: ``change`` last
             data["change"] = data.pop("change")
         return data
