@@ -15,96 +15,36 @@ import re
 from collections.abc import Iterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from evalsnap import errors, settings
 from evalsnap.exitcodes import FailOn
 from evalsnap.records.record import TokenCounts
+from evalsnap.reports.summary_model import (
+    CaseResult,
+    MetricResult,
+    RecordResult,
+    RunSummary,
+    SuiteResult,
+    Summary,
+    parts,
+)
 from evalsnap.spec import RunSpec
 
 __all__ = ["CaseResult", "MetricResult", "RecordResult", "RunResult", "RunSpec", "Tokens",
            "check_store_url", "evaluate", "rescore", "run", "run_spec"]
 
 
-class MetricResult(BaseModel):
-    """One unit: a metric on one case × repetition."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    score: float | None = None
-    status: str
-    """``PASSED``, ``FAILED``, ``NOT_EVALUATED`` or ``INFORMATIONAL`` (the gate's verdict)."""
-    metric_status: str | None = None
-    """The status the evaluator itself reported."""
-    gate_score: float | None = None
-    threshold: float | None = None
-    reused: bool = False
-    reused_from_record: str | None = None
-    reused_from_run: str | None = None
-    why: str = ""
-    reason: str | None = None
-    complete: bool = True
-    judge_calls: int = 0
-
-
 Tokens = TokenCounts
 """Token counts; a count is None when the model reported none (not zero)."""
 
 
-class CaseResult(BaseModel):
-    """One case × repetition of a record."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    eval_id: str
-    repetition: int = 0
-    inference: str | None = None
-    """``success`` or ``failure``."""
-    inference_reused: bool | None = None
-    metrics: dict[str, MetricResult] = Field(default_factory=dict)
-    efficiency: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    """ADK's informational efficiency metrics of the inference (``token_usage_v1``, …)."""
-    tokens: Tokens | None = None
-    """The agent's tokens over the case's turns."""
-
-
-class RecordResult(BaseModel):
-    """The record of one eval set (the ``--json`` object of a run over one eval set)."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    run_id: str
-    kind: str
-    record_id: str
-    snapshot_id: str | None = None
-    parent_record: str | None = None
-    eval_set_id: str
-    agent_calls: int = 0
-    judge_calls: int = 0
-    reused_judge_samples: int = 0
-    reused_units: int = 0
-    scored_units: int = 0
-    complete: bool
-    passed: bool
-    exit_code: int
-    skipped_cases: list[str] = Field(default_factory=list)
-    uninferred_cases: list[str] = Field(default_factory=list)
-    adk_history_path: str | None = None
-    agent_tokens: Tokens | None = None
-    """Agent tokens this run spent (reused inference costs nothing)."""
-    judge_tokens: Tokens | None = None
-    """Judge tokens this run spent."""
-    estimated_cost: float | None = None
-    """This run's tokens priced by the config's ``evalsnapPrices``; None says why in
-    ``cost_note``."""
-    cost_note: str | None = None
-    cases: list[CaseResult] = Field(default_factory=list)
-
-
 class RunResult(BaseModel):
-    """What a run or rescore gave: one record per eval set, and the run's verdict."""
+    """What a run or rescore gave: one record per eval set, and the run's verdict (the
+    ``--json`` object, :class:`~evalsnap.reports.summary_model.RunSummary`, with a run over
+    one eval set's record as ``runs[0]``)."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: str
     complete: bool
@@ -114,19 +54,25 @@ class RunResult(BaseModel):
     :mod:`evalsnap.exitcodes`)."""
     agent_calls: int = 0
     judge_calls: int = 0
+    reused_judge_samples: int = 0
     reused_units: int = 0
     scored_units: int = 0
+    fail_on: str | None = None
+    """The gate the exit code was decided under (``fail_on``)."""
     runs: list[RecordResult]
     """One per eval set, in the order given."""
 
     @model_validator(mode="before")
     @classmethod
     def _one_eval_set(cls, data: Any) -> Any:
-        # The --json object of a run over one eval set is that eval set's record itself.
-        if isinstance(data, dict) and "runs" not in data:
-            return {key: data.get(key) for key in (
-                "kind", "complete", "passed", "exit_code", "agent_calls", "judge_calls",
-                "reused_units", "scored_units")} | {"runs": [data]}
+        # The --json object of a run over one eval set is that eval set's record itself; the
+        # lists of ids of a run over several are its records' (``runs``).
+        if isinstance(data, RecordResult | SuiteResult):
+            return {name: getattr(data, name) for name in cls.model_fields if name != "runs"} \
+                | {"runs": parts(data)}
+        if isinstance(data, dict):
+            return {key: data[key] for key in cls.model_fields if key in data and key != "runs"} \
+                | {"runs": data["runs"] if "runs" in data else [data]}
         return data
 
     @property
@@ -158,7 +104,7 @@ def run(spec: RunSpec, *, storage_options: dict[str, str] | None = None) -> RunR
 
 
 def run_spec(spec: RunSpec, *, storage_options: dict[str, str] | None = None,
-             progress: contextlib.AbstractContextManager[Any] | None = None) -> dict[str, Any]:
+             progress: contextlib.AbstractContextManager[Any] | None = None) -> Summary:
     """Runs the flow of ``spec`` in this process, on the server ``PREFECT_API_URL`` names
     (else on Prefect's own temporary local API); returns its result (the ``--json`` object).
 
@@ -215,18 +161,18 @@ def check_store_url(url: Any) -> None:
         f"({found.group(1) + url[found.end():]!r}).")
 
 
-def flow_result(state: Any) -> dict[str, Any]:
-    """The summary a flow run returned: also when the gate (``fail_on``) made it end
-    Failed, since the flow returns its ``Failed`` state with the summary as its data; an
-    exception the flow raised (a typed error) is raised here."""
+def flow_result(state: Any) -> Summary:
+    """The summary a flow run returned (its ``--json`` object, read as its model): also when
+    the gate (``fail_on``) made it end Failed, since the flow returns its ``Failed`` state
+    with the summary as its data; an exception the flow raised (a typed error) is raised
+    here."""
     if state.is_failed():
         from tasks.support import summary_of_failed
 
         summary = summary_of_failed(state.result(raise_on_failure=False))
         if summary is not None:
-            return summary
-    result: dict[str, Any] = state.result()
-    return result
+            return RunSummary.model_validate(summary).root
+    return RunSummary.model_validate(state.result()).root
 
 
 @contextlib.contextmanager

@@ -47,18 +47,15 @@ def problems(result: RunResult) -> list[str]:
     default: the mean over all repetitions), and per failed inference."""
     lines = []
     for run in result.runs:
-        entries = (run.model_extra or {}).get("aggregates")
-        if entries is None:  # a summary without aggregates: one line per unit
-            return result.problems()
         lines += [f"{run.eval_set_id}/{c.eval_id}" + (f" #{c.repetition}" if c.repetition else "")
                   + ": inference failed" for c in run.cases if c.inference == "failure"]
-        for a in entries:
-            if a["status"] == "PASSED":
+        for a in run.aggregates:
+            if a.status == "PASSED":
                 continue
-            score = "no score" if a["gate_score"] is None else f"mean score {a['gate_score']:.3f}"
-            need = "" if a["threshold"] is None else f", threshold {a['threshold']:g}"
-            lines.append(f"{run.eval_set_id}/{a['eval_id']} · {a['metric']}: {a['status']} "
-                         f"({score}{need}; {a['passed']}/{a['n']} repetitions passed)")
+            score = "no score" if a.gate_score is None else f"mean score {a.gate_score:.3f}"
+            need = "" if a.threshold is None else f", threshold {a.threshold:g}"
+            lines.append(f"{run.eval_set_id}/{a.eval_id} · {a.metric}: {a.status} "
+                         f"({score}{need}; {a.passed}/{a.n} repetitions passed)")
     return lines
 
 

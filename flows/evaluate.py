@@ -18,6 +18,7 @@ from evalsnap.reports import lastgood
 from evalsnap.reports.artifacts import RunProgress
 from evalsnap.reports.regressions import FailOn
 from evalsnap.reports.suite import combined
+from evalsnap.reports.summary_model import RecordResult
 from evalsnap.spec import RunOptions, RunSpec
 from tasks import freeze_task, publish_task, run_inference, run_scoring, scoring_pool
 from tasks.support import (
@@ -135,7 +136,7 @@ def evaluate(
         return finish(combined(results), spec.fail_on, plans[0].store_url)
 
 
-def _evaluate(plan: Plan, run: RunOptions, runner: str) -> dict[str, Any]:
+def _evaluate(plan: Plan, run: RunOptions, runner: str) -> RecordResult:
     """One eval set: inference → freeze → score → publish."""
     progress = RunProgress(plan.inference_total + len(plan.metric_names) + 1,
                            f"{plan.eval_set.eval_set_id}: inference, scoring, publish")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from typing import Any
 
 from prefect import task
 
@@ -15,13 +14,14 @@ from evalsnap.reports.artifacts import publish_artifacts
 from evalsnap.reports.html import report_link, store_report
 from evalsnap.reports.site import refresh as refresh_site
 from evalsnap.reports.summary import summary
+from evalsnap.reports.summary_model import RecordResult
 
 logger = logging.getLogger(__name__)
 
 
 @task(name="publish", persist_result=False)
-def publish_task(request: PublishRequest) -> dict[str, Any]:
-    """Publishes the run; returns its summary (the ``--json`` object)."""
+def publish_task(request: PublishRequest) -> RecordResult:
+    """Publishes the run; returns its summary (the ``--json`` object's model)."""
     record_oid, record = publish_request(request)
     store = repo.open_store(request.store_url)
     # Presentation after the commit: a signal waits only for the commit, and a page that
@@ -33,17 +33,18 @@ def publish_task(request: PublishRequest) -> dict[str, Any]:
         link = report_link(store, record_oid)
     except Exception as exc:  # noqa: BLE001 - a view of the record must not lose the run
         logger.warning("could not write the HTML report of record %s: %s", record_oid, exc)
-    result = summary(store, record_oid, record)
+    url, expires = link
+    result = summary(store, record_oid, record).model_copy(update={
+        # a link a browser opens (artifacts, events, --json): public, signed or local
+        "report_url": url,
+        "report_url_expires": None if expires is None else (
+            dt.datetime.now(dt.UTC) + dt.timedelta(seconds=expires)).isoformat(timespec="seconds"),
+        # what a bucket bills this run for, by kind (this process's requests: the flow's)
+        "store_requests": store.requests.snapshot()})
     try:  # the site's pages this run changes (v1/site/); `evalsnap site` rebuilds them all
         refresh_site(store, record_oid, record, result, context=page)
     except Exception as exc:  # noqa: BLE001 - a view of the record must not lose the run
         logger.warning("could not refresh the store's site (v1/site/) for record %s: %s; "
                        "`evalsnap site --store-site` writes it again", record_oid, exc)
-    # a link a browser opens (artifacts, events, --json): public, signed or local
-    result["report_url"], expires = link
-    result["report_url_expires"] = (None if expires is None else (
-        dt.datetime.now(dt.UTC) + dt.timedelta(seconds=expires)).isoformat(timespec="seconds"))
-    # what a bucket bills this run for, by kind (this process's requests: the flow's)
-    result["store_requests"] = store.requests.snapshot()
     publish_artifacts(result, request.store_url)
     return result

@@ -8,12 +8,15 @@ import inspect
 import logging
 import re
 import typing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect.exceptions import Abort
 from pydantic import BeforeValidator
 
 from evalsnap import settings
+
+if TYPE_CHECKING:
+    from evalsnap.reports.summary_model import Summary
 
 logger = logging.getLogger(__name__)
 
@@ -271,7 +274,7 @@ def rename_flow_run(what: str, full: bool) -> None:
         logger.warning("could not rename the flow run: %s", exc)
 
 
-def emit_run_events(result: dict[str, Any], store_url: str) -> None:
+def emit_run_events(result: Summary, store_url: str) -> None:
     """One Prefect event per record: ``evalsnap.run.passed|failed|incomplete``, and
     ``evalsnap.run.regressed`` too when it regressed against its baseline; the resource is
     the record, labelled with eval set, store, record and run (automations match them)."""
@@ -279,28 +282,29 @@ def emit_run_events(result: dict[str, Any], store_url: str) -> None:
     from prefect.runtime import flow_run
 
     from evalsnap.reports.regressions import gate_message
+    from evalsnap.reports.summary_model import parts
 
     try:
         flow_run_url = flow_run.ui_url  # None outside a flow run (or without a UI URL)
     except Exception:  # noqa: BLE001 - a link is a view; the events still go
         flow_run_url = None
 
-    for part in result["runs"] if "runs" in result else [result]:
-        outcome = ("incomplete" if not part["complete"] else
-                   "passed" if part["passed"] else "failed")
-        resource = {"prefect.resource.id": f"evalsnap.record.{part['record_id']}",
-                    "prefect.resource.name": f"{part['eval_set_id']} {part['run_id']}",
-                    "evalsnap.eval-set": part["eval_set_id"], "evalsnap.store": store_url,
-                    "evalsnap.record": part["record_id"], "evalsnap.run": part["run_id"],
-                    "evalsnap.full": str(part.get("full", True)).lower()}
-        payload = {"message": gate_message(part), "exit_code": part["exit_code"],
-                   "regressions": (part.get("regressions") or [])[:20],
-                   "fixes": (part.get("fixes") or [])[:20],
-                   "baseline": part.get("baseline"),
+    for part in parts(result):
+        outcome = ("incomplete" if not part.complete else
+                   "passed" if part.passed else "failed")
+        resource = {"prefect.resource.id": f"evalsnap.record.{part.record_id}",
+                    "prefect.resource.name": f"{part.eval_set_id} {part.run_id}",
+                    "evalsnap.eval-set": part.eval_set_id, "evalsnap.store": store_url,
+                    "evalsnap.record": part.record_id, "evalsnap.run": part.run_id,
+                    "evalsnap.full": str(part.full).lower()}
+        payload = {"message": gate_message(part), "exit_code": part.exit_code,
+                   "regressions": [r.model_dump(mode="json") for r in part.regressions[:20]],
+                   "fixes": [f.model_dump(mode="json") for f in part.fixes[:20]],
+                   "baseline": part.baseline.model_dump(mode="json") if part.baseline else None,
                    # links a person follows from an alert: the report, the flow run in the UI
-                   "report_url": part.get("report_url"), "flow_run_url": flow_run_url}
+                   "report_url": part.report_url, "flow_run_url": flow_run_url}
         names = [f"evalsnap.run.{outcome}"] + (["evalsnap.run.regressed"]
-                                               if part.get("regressions") else [])
+                                               if part.regressions else [])
         for event in names:
             try:
                 emit_event(event=event, resource=resource, payload=payload)
@@ -328,15 +332,17 @@ class GateFailed(Abort):
 
 
 def summary_of_failed(data: Any) -> dict[str, Any] | None:
-    """The summary a gate-failed flow run's state holds (:class:`GateFailed`), else None."""
+    """The summary (the ``--json`` object) a gate-failed flow run's state holds
+    (:class:`GateFailed`), else None."""
     return data.summary if isinstance(data, GateFailed) else None
 
 
-def finish(result: dict[str, Any], fail_on: str, store_url: str) -> Any:
+def finish(result: Summary, fail_on: str, store_url: str) -> Any:
     """The flow's return value once every record is published: ``result`` with its exit
-    codes under ``fail_on``, or Prefect's ``Failed`` state (a one-line message naming what
-    failed, and the result as its data's ``summary``: :class:`GateFailed`) when the gate
-    fails. Returning the state, rather than raising, keeps the result for the caller
+    codes under ``fail_on`` as its ``--json`` object (plain JSON data, as a flow run's result
+    is best kept), or Prefect's ``Failed`` state (a one-line message naming what failed, and
+    that object as its data's ``summary``: :class:`GateFailed`) when the gate fails.
+    Returning the state, rather than raising, keeps the result for the caller
     (:func:`evalsnap.api.run_spec`), is no exception for Prefect to retry, and logs no
     ERROR or traceback anywhere: a gate failure is a verdict, not a crash."""
     from prefect.states import Failed
@@ -345,10 +351,11 @@ def finish(result: dict[str, Any], fail_on: str, store_url: str) -> Any:
 
     gated, message = gate(result, fail_on)
     emit_run_events(gated, store_url)
+    data = gated.model_dump(mode="json")
     if message is None:
-        return gated
+        return data
     _run_logger().warning("%s", message)  # in the flow run's logs: the UI shows why
-    return Failed(message=message, data=GateFailed(message, gated))
+    return Failed(message=message, data=GateFailed(message, data))
 
 
 def _run_logger() -> Any:

@@ -167,7 +167,7 @@ def test_python_api_returns_the_typed_result_and_raises_typed_errors(project, tm
     assert [c.eval_id for _, c in result.cases] == ["adds", "greets"]
     assert result.runs[0].cases[1].metrics["final_response_match_v2"].status == "FAILED"
     # ADK's informational efficiency metrics: one tool call in one turn for `adds`
-    assert result.runs[0].cases[0].efficiency["tool_call_count_v1"]["value"] == 1.0
+    assert result.runs[0].cases[0].efficiency["tool_call_count_v1"].value == 1.0
     with pytest.raises(UsageError, match="not_a_metric"):
         evalsnap.evaluate(str(project["agent"]), str(project["agent"] / "gateway.evalset.json"),
                           store=store, metrics=["not_a_metric"])

@@ -19,6 +19,7 @@ from google.adk.evaluation.eval_metrics import EvalMetric
 from evalsnap.adk.config import _split_extensions, resolve_config
 from evalsnap.errors import ConfigError, MetricImportError
 from evalsnap.reports.summary import score_table
+from evalsnap.reports.summary_model import CaseResult, MetricResult, RecordResult
 from tests.metric_fixtures import good, harness
 
 GOOD = "tests.metric_fixtures.good"
@@ -136,11 +137,11 @@ def test_gate_and_metric_disagreement_is_shown_in_record_and_table(cases, record
     assert unit.metric_status == "PASSED" and unit.score == 1.0
     assert unit.status == "FAILED" and unit.gate_score == 0.0 and unit.complete
     assert "metric reports PASSED" in unit.reason and "gives FAILED" in unit.reason
-    result = {"eval_set_id": "s", "run_id": "r", "agent_calls": 0, "judge_calls": 0,
-              "scored_units": 1, "reused_units": 0, "complete": True, "passed": False,
-              "cases": [{"eval_id": "weather_paris", "metrics": {"odd": {
-                  "score": unit.score, "status": unit.status, "metric_status": unit.metric_status,
-                  "reused": False}}}]}
+    result = RecordResult(
+        eval_set_id="s", run_id="r", kind="run", record_id="sha256:r", scored_units=1,
+        complete=True, passed=False, exit_code=1, cases=[CaseResult(
+            eval_id="weather_paris", metrics={"odd": MetricResult(
+                score=unit.score, status=unit.status, metric_status=unit.metric_status)})])
     assert "(metric: PASSED)" in _render(score_table(result))
 
 

@@ -252,8 +252,8 @@ def test_records_of_older_runs_still_load_and_show(runs):
     record = EvaluationRecord.from_data(old)
     store = repo.open_store(str(runs["plain_store"]))
     result = summary(store, shown["record_id"], record)
-    assert result["agent_tokens"] is None and result["estimated_cost"] is None
-    assert all(c["efficiency"] == {} and c["tokens"] is None for c in result["cases"])
+    assert result.agent_tokens is None and result.estimated_cost is None
+    assert all(c.efficiency == {} and c.tokens is None for c in result.cases)
     score_table(result)  # renders
     entry = dict(shown["cases"][0]["metrics"]["final_response_match_v2"]["ledger"][0])
     for key in ("oid", "usage_metadata", "model_version"):

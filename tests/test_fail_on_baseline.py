@@ -230,16 +230,30 @@ def test_compare_tolerance_and_incomplete():
 
 
 def test_gate_exit_codes():
-    part = {"eval_set_id": "s", "record_id": "sha256:x", "run_id": "r", "complete": False,
-            "passed": False, "exit_code": 3, "regressions": [], "cases": [
-                {"eval_id": "a", "metrics": {"m": {"status": "NOT_EVALUATED", "complete": False}}},
-                {"eval_id": "b", "metrics": {"m": {"status": "FAILED", "complete": True}}}]}
-    codes = {fail_on: gate(part, fail_on)[0]["exit_code"]
+    from evalsnap.reports.suite import combined
+    from evalsnap.reports.summary_model import Aggregate, CaseResult, MetricResult, RecordResult
+
+    def agg(eval_id: str, status: str) -> Aggregate:
+        failed, incomplete = int(status == "FAILED"), int(status == "NOT_EVALUATED")
+        return Aggregate(eval_id=eval_id, metric="m", n=1, passed=0, failed=failed,
+                         incomplete=incomplete, scored=failed, gate="mean", status=status,
+                         verdict="failing" if failed else "incomplete")
+
+    part = RecordResult(
+        eval_set_id="s", record_id="sha256:x", run_id="r", kind="run", complete=False,
+        passed=False, exit_code=3, regressions=[], cases=[
+            CaseResult(eval_id="a", metrics={"m": MetricResult(status="NOT_EVALUATED",
+                                                                complete=False)}),
+            CaseResult(eval_id="b", metrics={"m": MetricResult(status="FAILED", complete=True)})],
+        aggregates=[agg("a", "NOT_EVALUATED"), agg("b", "FAILED")])
+    codes = {fail_on: gate(part, fail_on)[0].exit_code
              for fail_on in ("quality", "incomplete", "regression", "never")}
     assert codes == {"quality": 3, "incomplete": 3, "regression": 0, "never": 0}
     assert gate(part, "quality")[1] == ("NOT PASSED (fail_on=quality): s: 1 failed (b); "
                                         "1 incomplete (a) of 2 case(s); record sha256:x")
-    several = {"runs": [part, {**part, "complete": True, "exit_code": 1}], "exit_code": 3}
-    assert gate(several, "incomplete")[0]["exit_code"] == 3
-    assert gate(several, "never") == ({**several, "fail_on": "never", "exit_code": 0, "runs": [
-        {**p, "fail_on": "never", "exit_code": 0} for p in several["runs"]]}, None)
+    several = combined([part, part.model_copy(update={"complete": True, "exit_code": 1})])
+    assert gate(several, "incomplete")[0].exit_code == 3
+    assert gate(several, "never") == (several.model_copy(update={
+        "fail_on": "never", "exit_code": 0, "runs": [
+            p.model_copy(update={"fail_on": "never", "exit_code": 0}) for p in several.runs]}),
+        None)

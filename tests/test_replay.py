@@ -73,6 +73,7 @@ def test_replay_calls_no_model(runs: dict[str, Any], monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(offline_models.OfflineJudgeLlm, "generate_content_async", forbidden)
     offline_models.reset_counters()
     result = asyncio.run(replay(repo.open_store(runs["store"]), runs["first"].json["run_id"]))
+    result = result.model_dump(mode="json")  # the --json object of `evalsnap replay`
     assert offline_models.counters()["judge_calls"] == 0
     assert _metrics(result) == _metrics(runs["first"].json) and result["complete"] is \
         runs["first"].json["complete"]
@@ -93,6 +94,7 @@ def test_replay_after_a_parser_change_recomputes_from_the_same_raw_answers(
                         "test/stricter-parser", raising=False)
     offline_models.reset_counters()
     result = asyncio.run(replay(repo.open_store(runs["store"]), runs["first"].json["run_id"]))
+    result = result.model_dump(mode="json")  # the --json object of `evalsnap replay`
     assert offline_models.counters()["judge_calls"] == 0 and result["judge_calls"] == 0
     before, after = _metrics(runs["first"].json), _metrics(result)
     frm_keys = [k for k in before if k[1] == FRM]

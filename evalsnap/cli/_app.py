@@ -19,6 +19,7 @@ from rich.markup import escape
 from evalsnap import errors, exitcodes
 from evalsnap.records import repo
 from evalsnap.reports.summary import score_table, summary
+from evalsnap.reports.summary_model import Summary
 from evalsnap.spec import RunSpec
 
 app: typer.Typer = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -139,16 +140,17 @@ def crash_message(exc: BaseException) -> None:
               highlight=False, soft_wrap=True)
 
 
-def _emit(result: dict[str, Any], as_json: bool) -> None:
+def _emit(result: Summary, as_json: bool) -> None:
     if as_json:
-        sys.stdout.write(json.dumps(result, sort_keys=False, default=str) + "\n")
+        sys.stdout.write(json.dumps(result.model_dump(mode="json"), sort_keys=False,
+                                    default=str) + "\n")
         sys.stdout.flush()
     else:
         from evalsnap.reports.suite import parts
 
         for part in parts(result):
             out.print(score_table(part))
-            out.print(f"record {part['record_id']}  snapshot {part['snapshot_id']}")
+            out.print(f"record {part.record_id}  snapshot {part.snapshot_id}")
 
 
 @contextmanager
@@ -196,7 +198,7 @@ def _metrics_in(config: str | None, evalset: str | list[str] | None) -> list[str
 
 
 def _run_spec(spec: RunSpec, preload: list[str], storage_option: list[str] | None,
-              progress: bool) -> dict[str, Any]:
+              progress: bool) -> Summary:
     """Runs the flow of ``spec`` in this process (:func:`evalsnap.api.run_spec`); returns its
     summary. SIGINT, SIGTERM and SIGHUP stop it within seconds (:mod:`evalsnap.cli.signals`)."""
     from evalsnap.api import check_store_url
@@ -208,7 +210,7 @@ def _run_spec(spec: RunSpec, preload: list[str], storage_option: list[str] | Non
                          progress=_progress(progress))
 
 
-def _in_this_process(spec: RunSpec, preload: list[str], **kwargs: Any) -> dict[str, Any]:
+def _in_this_process(spec: RunSpec, preload: list[str], **kwargs: Any) -> Summary:
     """The CLI's own part of a flow run: its console (ADK's warnings and Prefect's tracebacks
     of typed errors, which the CLI prints once itself, kept off stderr), and the start-up
     work that overlaps the temporary API's start (:mod:`evalsnap.startup`)."""
@@ -271,7 +273,7 @@ def _flow_command(spec: RunSpec, storage_option: list[str] | None, as_json: bool
                    if spec.force or not spec.reuse else [])
         result = _run_spec(spec, preload, storage_option, not as_json and err.is_terminal)
     _emit(result, as_json)
-    code = int(result["exit_code"])
+    code = result.exit_code
     result_printed(code)  # from now on a signal ends the process with the printed code
     raise typer.Exit(code)
 

@@ -29,4 +29,4 @@ def replay(
         result = asyncio.run(replay_record(_open_store(store, storage_option), record,
                                            agent_dir=agent))
     _emit(result, as_json)
-    raise typer.Exit(result["exit_code"])
+    raise typer.Exit(result.exit_code)

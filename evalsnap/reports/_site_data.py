@@ -29,6 +29,7 @@ from evalsnap.records._base import parse_stored
 from evalsnap.records.repo import UNREADABLE_MANIFEST
 from evalsnap.reports.history import _saved_point, run_point, runs_by_set
 from evalsnap.reports.summary import subset_text, summary
+from evalsnap.reports.summary_model import RecordResult
 
 logger = logging.getLogger(__name__)
 
@@ -119,32 +120,32 @@ def duration(run_id: str, created_at: str) -> float | None:
 
 
 def run_row(store: Any, record_oid: str, record: EvaluationRecord,
-            result: dict[str, Any] | None = None, point: dict[str, Any] | None = None) -> RunRow:
+            result: RecordResult | None = None, point: dict[str, Any] | None = None) -> RunRow:
     """The row of a record; ``result``: its :func:`summary`, ``point``: its history point,
     if made already."""
     result = result if result is not None else summary(store, record_oid, record)
     point = point or _saved_point(store, record_oid, record) or run_point(store, record_oid,
                                                                           record)
-    base = result.get("baseline") or {}
-    compared = bool(base.get("record_oid") and not base.get("note"))
+    base = result.baseline
+    compared = bool(base is not None and base.record_oid and not base.note)
     statuses: dict[str, dict[str, str]] = {}
     flaky: dict[str, list[str]] = {}
-    for a in result["aggregates"]:
-        statuses.setdefault(a["eval_id"], {})[a["metric"]] = a["status"]
-        if a["verdict"] == "flaky":
-            flaky.setdefault(a["eval_id"], []).append(a["metric"])
+    for a in result.aggregates:
+        statuses.setdefault(a.eval_id, {})[a.metric] = a.status
+        if a.verdict == "flaky":
+            flaky.setdefault(a.eval_id, []).append(a.metric)
     return RunRow(
         run_id=record.run_id, record_id=record_oid, kind=record.kind,
         created_at=record.created_at, full=record.full,
         covers="full" if record.full else subset_text(result).strip(" ()") or "subset",
-        passed=result["passed"], complete=result["complete"], cases=point["cases"],
+        passed=result.passed, complete=result.complete, cases=point["cases"],
         metrics={n: MetricRate(**{k: m[k] for k in MetricRate.model_fields})
                  for n, m in point["metrics"].items()},
-        regressions=len(result["regressions"]) if compared else None,
-        fixes=len(result["fixes"]) if compared else None,
-        baseline_run=base.get("run_id") if compared else None,
+        regressions=len(result.regressions) if compared else None,
+        fixes=len(result.fixes) if compared else None,
+        baseline_run=base.run_id if compared and base is not None else None,
         duration=duration(record.run_id, record.created_at),
-        cost=result["estimated_cost"], cost_note=result["cost_note"],
+        cost=result.estimated_cost, cost_note=result.cost_note,
         statuses=statuses, flaky=flaky)
 
 

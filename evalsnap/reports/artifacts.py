@@ -1,7 +1,8 @@
 """Prefect artifacts of a run: a score table, a markdown summary, and live progress.
 
 The renderers (:func:`score_rows`, :func:`summary_markdown`, :func:`artifact_key`) are
-pure functions of the ``--json`` summary (``evalsnap.reports.summary.summary``) and are tested
+pure functions of the run summary (:class:`~evalsnap.reports.summary_model.RecordResult`,
+or its ``--json`` object) and are tested
 without Prefect. :func:`publish_artifacts` and :class:`RunProgress` call Prefect's
 artifact API; they never fail a run: an artifact that cannot be written is a warning.
 """
@@ -11,6 +12,8 @@ from __future__ import annotations
 import logging
 import re
 from typing import Any
+
+from evalsnap.reports.summary_model import RecordResult, as_record
 
 logger = logging.getLogger(__name__)
 
@@ -24,44 +27,44 @@ def artifact_key(eval_set_id: str, what: str) -> str:
     return f"evalsnap-{slug}-{what}"
 
 
-def score_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+def score_rows(result: RecordResult | dict[str, Any]) -> list[dict[str, Any]]:
     """One row per case × repetition × metric (a failed inference is one row of its own)."""
     rows: list[dict[str, Any]] = []
-    for case in result["cases"]:
-        base = {"case": case["eval_id"], "repetition": case.get("repetition", 0),
-                "inference": case.get("inference", "success")}
-        if not case["metrics"]:
+    for case in as_record(result).cases:
+        base = {"case": case.eval_id, "repetition": case.repetition,
+                "inference": case.inference or "success"}
+        if not case.metrics:
             rows.append({**base, "metric": "", "status": "", "score": None, "threshold": None,
                          "reused": False, "why": ""})
-        for name, m in case["metrics"].items():
-            rows.append({**base, "metric": name, "status": m["status"], "score": m["score"],
-                         "threshold": m["threshold"], "reused": m["reused"],
-                         "why": m["reason"] or m["why"] or ""})
+        for name, m in case.metrics.items():
+            rows.append({**base, "metric": name, "status": m.status, "score": m.score,
+                         "threshold": m.threshold, "reused": m.reused,
+                         "why": m.reason or m.why or ""})
     return rows
 
 
-def case_verdicts(result: dict[str, Any]) -> dict[str, int]:
+def case_verdicts(result: RecordResult) -> dict[str, int]:
     """Cases (× repetition) that passed, failed on quality, or are incomplete."""
     counts = {"passed": 0, "failed": 0, "incomplete": 0}
-    for case in result["cases"]:
-        metrics = list(case["metrics"].values())
-        if case.get("inference") == "failure" or any(not m["complete"] for m in metrics):
+    for case in result.cases:
+        metrics = list(case.metrics.values())
+        if case.inference == "failure" or any(not m.complete for m in metrics):
             counts["incomplete"] += 1
-        elif all(m["status"] in ("PASSED", "INFORMATIONAL") for m in metrics):
+        elif all(m.status in ("PASSED", "INFORMATIONAL") for m in metrics):
             counts["passed"] += 1
         else:
             counts["failed"] += 1
     return counts
 
 
-def efficiency_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+def efficiency_rows(result: RecordResult | dict[str, Any]) -> list[dict[str, Any]]:
     """Per ADK efficiency metric: mean, min and max over the cases that have a value."""
     values: dict[str, list[float]] = {}
-    for case in result["cases"]:
-        for name, metric in (case.get("efficiency") or {}).items():
+    for case in as_record(result).cases:
+        for name, metric in case.efficiency.items():
             found = values.setdefault(name, [])
-            if metric.get("value") is not None:
-                found.append(metric["value"])
+            if metric.value is not None:
+                found.append(metric.value)
     return [{"metric": name, "cases": len(vs),
              "mean": sum(vs) / len(vs) if vs else None,
              "min": min(vs) if vs else None, "max": max(vs) if vs else None}
@@ -72,14 +75,14 @@ def _num(value: float | None) -> str:
     return "—" if value is None else f"{value:,.3f}".rstrip("0").rstrip(".")
 
 
-def _tokens_lines(result: dict[str, Any]) -> list[str]:
+def _tokens_lines(result: RecordResult) -> list[str]:
     """Rows of tokens and cost for the summary table, then ADK's efficiency metrics."""
     from evalsnap.reports.summary import cost_text, tokens_text
 
-    lines = [f"| agent tokens spent now | {tokens_text(result.get('agent_tokens'))} |",
-             f"| judge tokens spent now | {tokens_text(result.get('judge_tokens'))} |",
+    lines = [f"| agent tokens spent now | {tokens_text(result.agent_tokens)} |",
+             f"| judge tokens spent now | {tokens_text(result.judge_tokens)} |",
              "| agent tokens of the inference scored | "
-             f"{tokens_text(result.get('inference_tokens'))} |",
+             f"{tokens_text(result.inference_tokens)} |",
              f"| estimated cost | {cost_text(result)} |"]
     rows = efficiency_rows(result)
     if rows:
@@ -90,23 +93,24 @@ def _tokens_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _store_lines(result: dict[str, Any]) -> list[str]:
+def _store_lines(result: RecordResult) -> list[str]:
     """What the run cost the store (a bucket bills per request), by kind."""
-    counts = result.get("store_requests")
-    if not isinstance(counts, dict):
+    counts = result.store_requests
+    if "store_requests" not in result.model_fields_set:
         return []
     kinds = ", ".join(f"{counts.get(k, 0)} {k}" for k in ("list", "head", "get", "put", "delete"))
     return [f"| store requests | {counts.get('total', 0)} ({kinds}) |"]
 
 
-def summary_markdown(result: dict[str, Any], store_url: str | None = None) -> str:
+def summary_markdown(result: RecordResult | dict[str, Any], store_url: str | None = None) -> str:
     """The run at a glance: verdict, case counts, reuse, model calls, ids to look up."""
-    verdict = ("PASSED" if result["passed"] else "NOT PASSED") + \
-        ("" if result["complete"] else " (INCOMPLETE)")
+    result = as_record(result)
+    verdict = ("PASSED" if result.passed else "NOT PASSED") + \
+        ("" if result.complete else " (INCOMPLETE)")
     counts = case_verdicts(result)
     store = f" --store {store_url}" if store_url else ""
     lines = [
-        f"# {result['eval_set_id']} — {result['kind']} `{result['run_id']}`: **{verdict}**",
+        f"# {result.eval_set_id} — {result.kind} `{result.run_id}`: **{verdict}**",
         "",
         "| cases passed | cases failed | cases incomplete |",
         "| ---: | ---: | ---: |",
@@ -114,24 +118,24 @@ def summary_markdown(result: dict[str, Any], store_url: str | None = None) -> st
         "",
         "| | |",
         "| --- | ---: |",
-        f"| units scored now | {result['scored_units']} |",
-        f"| units reused | {result['reused_units']} |",
-        f"| agent model calls | {result['agent_calls']} |",
-        f"| judge model calls | {result['judge_calls']} |",
-        f"| judge samples answered from the ledger | {result['reused_judge_samples']} |",
+        f"| units scored now | {result.scored_units} |",
+        f"| units reused | {result.reused_units} |",
+        f"| agent model calls | {result.agent_calls} |",
+        f"| judge model calls | {result.judge_calls} |",
+        f"| judge samples answered from the ledger | {result.reused_judge_samples} |",
         *_store_lines(result),
         *_tokens_lines(result),
         "",
-        f"* record: `{result['record_id']}`",
-        f"* snapshot: `{result['snapshot_id']}`",
+        f"* record: `{result.record_id}`",
+        f"* snapshot: `{result.snapshot_id}`",
     ]
-    if result.get("parent_record"):
-        lines.append(f"* previous record: `{result['parent_record']}`")
-    if result.get("skipped_cases"):
-        lines.append(f"* cases no longer in the eval set: {', '.join(result['skipped_cases'])}")
-    if result.get("uninferred_cases"):
-        lines.append(f"* cases without inference: {', '.join(result['uninferred_cases'])}")
-    lines += ["", f"Look it up: `evalsnap show {result['run_id']}{store} --json`"]
+    if result.parent_record:
+        lines.append(f"* previous record: `{result.parent_record}`")
+    if result.skipped_cases:
+        lines.append(f"* cases no longer in the eval set: {', '.join(result.skipped_cases)}")
+    if result.uninferred_cases:
+        lines.append(f"* cases without inference: {', '.join(result.uninferred_cases)}")
+    lines += ["", f"Look it up: `evalsnap show {result.run_id}{store} --json`"]
     failed = [r for r in score_rows(result) if r["inference"] == "failure"]
     if failed:
         lines += ["", "Failed inference: " + ", ".join(sorted({r["case"] for r in failed}))]
@@ -139,7 +143,7 @@ def summary_markdown(result: dict[str, Any], store_url: str | None = None) -> st
     return "\n".join(lines) + "\n"
 
 
-def _named_lines(result: dict[str, Any]) -> list[str]:
+def _named_lines(result: RecordResult) -> list[str]:
     """What the record covers, the cases that failed or are incomplete, and the
     regressions and fixes against its baseline, by name."""
     from evalsnap.reports.regressions import verdict
@@ -156,23 +160,23 @@ def _named_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def publish_artifacts(result: dict[str, Any], store_url: str | None = None) -> dict[str, Any]:
+def publish_artifacts(result: RecordResult, store_url: str | None = None) -> dict[str, Any]:
     """Creates the table and markdown artifacts; returns their ids (empty on failure)."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     ids: dict[str, Any] = {}
-    report = result.get("report_url")  # publish wrote the page and made its link
+    report = result.report_url  # publish wrote the page and made its link
     try:
         ids["table"] = create_table_artifact(
-            score_rows(result), key=artifact_key(result["eval_set_id"], "scores"),
-            description=f"Scores per case and metric, {result['kind']} {result['run_id']}")
+            score_rows(result), key=artifact_key(result.eval_set_id, "scores"),
+            description=f"Scores per case and metric, {result.kind} {result.run_id}")
         ids["summary"] = create_markdown_artifact(
             summary_markdown(result, store_url)
             + (f"\nHTML report: [{report}]({report})" + (
-                f" (a signed link, valid until {result['report_url_expires']})"
-                if result.get("report_url_expires") else "") + "\n" if report else ""),
-            key=artifact_key(result["eval_set_id"], "summary"),
-            description=f"Summary of {result['kind']} {result['run_id']}")
+                f" (a signed link, valid until {result.report_url_expires})"
+                if result.report_url_expires else "") + "\n" if report else ""),
+            key=artifact_key(result.eval_set_id, "summary"),
+            description=f"Summary of {result.kind} {result.run_id}")
     except Exception as exc:  # noqa: BLE001 - the record is published; artifacts are a view
         logger.warning("could not create Prefect artifacts: %s", exc)
     if report:
@@ -180,14 +184,13 @@ def publish_artifacts(result: dict[str, Any], store_url: str | None = None) -> d
             from prefect.artifacts import create_link_artifact
 
             ids["report"] = create_link_artifact(
-                report, link_text=f"HTML report of {result['eval_set_id']} {result['run_id']}",
-                key=artifact_key(result["eval_set_id"], "report"),
-                description=f"Report of {result['kind']} {result['run_id']}: trend, failing "
+                report, link_text=f"HTML report of {result.eval_set_id} {result.run_id}",
+                key=artifact_key(result.eval_set_id, "report"),
+                description=f"Report of {result.kind} {result.run_id}: trend, failing "
                             "cases, judge ledger")
         except Exception as exc:  # noqa: BLE001
             logger.warning("could not create the report link artifact: %s", exc)
     return ids
-
 
 
 class RunProgress:

@@ -52,7 +52,7 @@ def passed_own_gate(store: Store, record_oid: str, record: EvaluationRecord) -> 
         # within a run, what this batch reads the summary of the baseline reads from memory
         store.get_objects("unit", [u.unit_oid for u in before.units])
     gated, _ = gate(summary(store, record_oid, record, _units(store, record)), fail_on)
-    return int(gated["exit_code"]) == ExitCode.OK
+    return gated.exit_code == ExitCode.OK
 
 
 def is_good(store: Store, manifest: RunManifest) -> bool:

@@ -1,6 +1,7 @@
 """Regressions and fixes against a baseline, and the gate that fails a run (``--fail-on``).
 
-Pure functions of ``--json`` summaries (:func:`evalsnap.reports.summary.summary`): a unit —
+Pure functions of run summaries (:class:`~evalsnap.reports.summary_model.RecordResult`,
+:func:`compare` also of their ``--json`` objects): a unit —
 a case × repetition × metric present in both records — *regressed* when it went from
 ``PASSED`` to ``FAILED``, from complete to incomplete, or (with a tolerance above 0) its
 score dropped by more than the tolerance; it is *fixed* when it went the other way
@@ -22,7 +23,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+
 from evalsnap import exitcodes
+from evalsnap.reports.summary_model import RecordResult, SuiteResult, Summary
 
 __all__ = ["FAIL_ON", "FailOn", "compare", "gate", "gate_message", "metric_deltas", "verdict"]
 
@@ -32,6 +36,12 @@ FAIL_ON: tuple[str, ...] = ("quality", "incomplete", "regression", "never")
 FIRST = 3
 #: The bootstrap's seed: the same records give the same interval.
 SEED = 20261201
+
+
+def _data(result: RecordResult | dict[str, Any]) -> dict[str, Any]:
+    """The data of a summary (the cases and aggregates :func:`compare` reads)."""
+    return result.model_dump(include={"cases", "aggregates"}) if isinstance(result, BaseModel) \
+        else result
 
 
 def _units(result: dict[str, Any]) -> dict[tuple[str, int, str], dict[str, Any]]:
@@ -89,10 +99,13 @@ def _agg_change(b: dict[str, Any], a: dict[str, Any], alpha: float) -> dict[str,
                               + ("" if significant else ", within noise") + ")"}
 
 
-def compare(result: dict[str, Any], baseline: dict[str, Any], tolerance: float = 0.0,
-            alpha: float = 0.05) -> dict[str, Any]:
+def compare(result: RecordResult | dict[str, Any], baseline: RecordResult | dict[str, Any],
+            tolerance: float = 0.0, alpha: float = 0.05) -> dict[str, Any]:
     """Regressions and fixes of ``result`` against ``baseline``, per case and metric (as a
-    whole, with Fisher's exact test, where both sides have at least 2 repetitions)."""
+    whole, with Fisher's exact test, where both sides have at least 2 repetitions): the
+    fields ``regressions``, ``fixes``, ``not_compared`` and ``metric_deltas`` of a
+    :class:`~evalsnap.reports.summary_model.RecordResult`, as data."""
+    result, baseline = _data(result), _data(baseline)
     now, before = _units(result), _units(baseline)
     agg_now, agg_before = _aggs(result), _aggs(baseline)
     regressions: list[dict[str, Any]] = []
@@ -153,48 +166,37 @@ def _ids(entries: list[str]) -> str:
     return ", ".join(unique[:FIRST]) + (f", … (+{len(unique) - FIRST})" if len(unique) > FIRST else "")
 
 
-def verdict(part: dict[str, Any]) -> dict[str, list[str]]:
+def verdict(part: RecordResult) -> dict[str, list[str]]:
     """Case ids of one record that failed on quality (by the repetition gate), or are
-    incomplete (with ``#rep`` where a summary has no aggregates, as older ones)."""
-    if "aggregates" in part:
-        incomplete = [c["eval_id"] for c in part["cases"] if c.get("inference") == "failure"]
-        incomplete += [a["eval_id"] for a in part["aggregates"] if a["status"] == "NOT_EVALUATED"]
-        failed = [a["eval_id"] for a in part["aggregates"]
-                  if a["status"] == "FAILED" and a["eval_id"] not in incomplete]
-        return {"failed": list(dict.fromkeys(failed)),
-                "incomplete": list(dict.fromkeys(incomplete))}
-    failed, incomplete = [], []
-    for case in part["cases"]:
-        label = case["eval_id"] + (f"#{case['repetition']}" if case.get("repetition") else "")
-        metrics = list(case["metrics"].values())
-        if case.get("inference") == "failure" or any(not m["complete"] for m in metrics):
-            incomplete.append(label)
-        elif any(m["status"] == "FAILED" for m in metrics):
-            failed.append(label)
-    return {"failed": failed, "incomplete": incomplete}
+    incomplete."""
+    incomplete = [c.eval_id for c in part.cases if c.inference == "failure"]
+    incomplete += [a.eval_id for a in part.aggregates if a.status == "NOT_EVALUATED"]
+    failed = [a.eval_id for a in part.aggregates
+              if a.status == "FAILED" and a.eval_id not in incomplete]
+    return {"failed": list(dict.fromkeys(failed)), "incomplete": list(dict.fromkeys(incomplete))}
 
 
-def _exit(part: dict[str, Any], fail_on: str) -> int:
+def _exit(part: RecordResult, fail_on: str) -> int:
     """The command's exit code for one record under ``fail_on`` (:mod:`evalsnap.exitcodes`)."""
     return exitcodes.exit_code(exitcodes.Verdict(
-        complete=part["complete"], passed=part["passed"],
+        complete=part.complete, passed=part.passed,
         regressed=bool(_significant(part)), fail_on=fail_on))  # type: ignore[arg-type]
 
 
-def _significant(part: dict[str, Any]) -> list[dict[str, Any]]:
+def _significant(part: RecordResult) -> list[Any]:
     """The regressions that count: every one but those within noise."""
-    return [r for r in part.get("regressions") or [] if r.get("significant", True)]
+    return [r for r in part.regressions if r.significant]
 
 
-def gate_message(part: dict[str, Any]) -> str:
+def gate_message(part: RecordResult) -> str:
     """One line: what failed in one record (counts and the first case ids)."""
     found = verdict(part)
     bits = []
     regressions = _significant(part)
-    noise = len(part.get("regressions") or []) - len(regressions)
+    noise = len(part.regressions) - len(regressions)
     if regressions:
-        base = (part.get("baseline") or {}).get("run_id")
-        names = _ids([r["eval_id"] + " · " + r["metric"] for r in regressions])
+        base = part.baseline.run_id if part.baseline is not None else None
+        names = _ids([r.eval_id + " · " + r.metric for r in regressions])
         bits.append(f"{len(regressions)} regressed since {base} ({names})")
     if noise:
         bits.append(f"{noise} change(s) within noise")
@@ -203,25 +205,26 @@ def gate_message(part: dict[str, Any]) -> str:
     if found["incomplete"]:
         bits.append(f"{len(found['incomplete'])} incomplete ({_ids(found['incomplete'])})")
     counts = "; ".join(bits) or "all passed"
-    total = len({c["eval_id"] for c in part["cases"]}) if "aggregates" in part else len(part["cases"])
-    return f"{part['eval_set_id']}: {counts} of {total} case(s); record {part['record_id']}"
+    total = len({c.eval_id for c in part.cases})
+    return f"{part.eval_set_id}: {counts} of {total} case(s); record {part.record_id}"
 
 
-def gate(result: dict[str, Any], fail_on: str) -> tuple[dict[str, Any], str | None]:
+def gate(result: Summary, fail_on: str) -> tuple[Summary, str | None]:
     """``result`` with each record's and the run's ``exit_code`` under ``fail_on``, and the
     failure message (None when the run does not fail)."""
     if fail_on not in FAIL_ON:
         from evalsnap.errors import UsageError
 
         raise UsageError(f"--fail-on {fail_on!r} is unknown; choose one of {list(FAIL_ON)}.")
-    parts = list(result["runs"]) if "runs" in result else [result]
-    gated = [{**p, "fail_on": fail_on, "exit_code": _exit(p, fail_on)} for p in parts]
-    failing = [p for p in gated if p["exit_code"] != exitcodes.ExitCode.OK]
+    parts = list(result.runs) if isinstance(result, SuiteResult) else [result]
+    gated = [p.model_copy(update={"fail_on": fail_on, "exit_code": int(_exit(p, fail_on))})
+             for p in parts]
+    failing = [p for p in gated if p.exit_code != exitcodes.ExitCode.OK]
     message = None
     if failing:
         what = {"quality": "NOT PASSED", "incomplete": "INCOMPLETE", "regression": "REGRESSED"}[fail_on]
         message = f"{what} (fail_on={fail_on}): " + " | ".join(gate_message(p) for p in failing)
-    if "runs" not in result:
+    if not isinstance(result, SuiteResult):
         return gated[0], message
-    worst = exitcodes.worst(p["exit_code"] for p in gated)
-    return {**result, "fail_on": fail_on, "exit_code": worst, "runs": gated}, message
+    worst = int(exitcodes.worst(p.exit_code for p in gated))
+    return result.model_copy(update={"fail_on": fail_on, "exit_code": worst, "runs": gated}), message

@@ -17,6 +17,7 @@ from evalsnap.pipeline import ledger as _ledger
 from evalsnap.pipeline.unit import score_unit
 from evalsnap.records import MetricRule, ScoreUnit, Snapshot, repo
 from evalsnap.reports.summary import EXIT_INCOMPLETE, EXIT_OK, EXIT_QUALITY, load_units, summary
+from evalsnap.reports.summary_model import RecordResult
 from storage import Store
 
 __all__ = ["ReplayMismatchError", "ReplayUnavailableError", "current_aggregation_version",
@@ -52,7 +53,7 @@ async def _replay_unit(store: Store, snapshot: Snapshot, rule: MetricRule, regis
     return new, {e.aggregation_version for e in entries}
 
 
-async def replay(store: Store, ref: str, agent_dir: str | None = None) -> dict[str, Any]:
+async def replay(store: Store, ref: str, agent_dir: str | None = None) -> RecordResult:
     """The summary of ``ref`` recomputed from its ledger; ``judge_calls`` is 0.
 
     ``agent_dir`` (``--agent``) is imported first, as a run imports it: the user names the
@@ -98,11 +99,10 @@ async def replay(store: Store, ref: str, agent_dir: str | None = None) -> dict[s
     view = record.model_copy(update={"summary": record.summary.model_copy(update={
         "complete": complete, "passed": passed, "agent_calls": 0, "judge_calls": 0,
         "reused_judge_samples": 0})})
-    result = summary(store, record_oid, view, units=replayed)
-    result.update(kind="replay", replayed_record=record_oid,
-                  exit_code=EXIT_INCOMPLETE if not complete else EXIT_OK if passed
-                  else EXIT_QUALITY, replay_changes=changes)
-    return result
+    return summary(store, record_oid, view, units=replayed).model_copy(update={
+        "kind": "replay", "replayed_record": record_oid,
+        "exit_code": EXIT_INCOMPLETE if not complete else EXIT_OK if passed else EXIT_QUALITY,
+        "replay_changes": changes})
 
 
 def current_aggregation_version(registry: Any, rule: MetricRule) -> str:

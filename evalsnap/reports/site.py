@@ -33,6 +33,7 @@ from evalsnap.reports import _site_data as data
 from evalsnap.reports._site_data import CASE_RUNS, RunRow, SetData, page_name
 from evalsnap.reports.history import flips, metric_names, runs_by_set
 from evalsnap.reports.html import _dots, page_context, template
+from evalsnap.reports.summary_model import RecordResult
 
 __all__ = ["CONTENT_TYPE", "after_gc", "build", "forget", "refresh", "run_pages", "set_pages", "write_dir"]
 
@@ -148,7 +149,7 @@ def run_pages(store: Any, record_oid: str, record: EvaluationRecord, *,
     return pages
 
 
-def refresh(store: Any, record_oid: str, record: EvaluationRecord, result: dict[str, Any],
+def refresh(store: Any, record_oid: str, record: EvaluationRecord, result: RecordResult,
             context: dict[str, Any] | None = None) -> dict[str, bytes]:
     """After a run's commit: its row into its eval set's data, then the pages it changes
     (the index, its eval set's pages, its own), written in one batch. ``result``: its

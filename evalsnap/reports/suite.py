@@ -8,29 +8,21 @@ exit code of them (:func:`evalsnap.exitcodes.worst`): incomplete (3) over a qual
 
 from __future__ import annotations
 
-from typing import Any
-
 from evalsnap.exitcodes import worst
+from evalsnap.reports.summary_model import RecordResult, SuiteResult, Summary, parts
+
+__all__ = ["combined", "parts"]
 
 _TOTALS = ("agent_calls", "judge_calls", "reused_judge_samples", "reused_units", "scored_units")
 
 
-def combined(results: list[dict[str, Any]]) -> dict[str, Any]:
+def combined(results: list[RecordResult]) -> Summary:
     """The result of a run: the single eval set's own, or ``runs`` with the totals."""
     if len(results) == 1:
         return results[0]
-    return {
-        "kind": results[0]["kind"], "eval_set_ids": [r["eval_set_id"] for r in results],
-        "run_ids": [r["run_id"] for r in results],
-        "record_ids": [r["record_id"] for r in results],
-        **{key: sum(r.get(key) or 0 for r in results) for key in _TOTALS},
-        "complete": all(r["complete"] for r in results),
-        "passed": all(r["passed"] for r in results),
-        "exit_code": worst(r["exit_code"] for r in results),
-        "runs": results,
-    }
-
-
-def parts(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """The per-eval-set results of a run's result (one, or each of ``runs``)."""
-    return list(result["runs"]) if "runs" in result else [result]
+    return SuiteResult(
+        kind=results[0].kind, eval_set_ids=[r.eval_set_id for r in results],
+        run_ids=[r.run_id for r in results], record_ids=[r.record_id for r in results],
+        **{key: sum(getattr(r, key) for r in results) for key in _TOTALS},
+        complete=all(r.complete for r in results), passed=all(r.passed for r in results),
+        exit_code=worst(r.exit_code for r in results), runs=results)

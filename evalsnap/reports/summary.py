@@ -1,5 +1,6 @@
-"""Summaries of records: the ``--json`` object and the score table (its ``exit_code`` is
-:mod:`evalsnap.exitcodes`'s)."""
+"""Summaries of records: the ``--json`` object, built as its model
+(:class:`~evalsnap.reports.summary_model.RecordResult`), and the score table (its
+``exit_code`` is :mod:`evalsnap.exitcodes`'s)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from typing import Any
 
 from evalsnap import exitcodes
 from evalsnap.aggregates import aggregates, gate_passed, record_gate
-from evalsnap.records import EvaluationRecord, InferenceRef, ScoreUnit, repo
+from evalsnap.records import EvaluationRecord, InferenceRef, ScoreUnit, UnitRef, repo
 from evalsnap.records.record import TokenCounts
+from evalsnap.reports.summary_model import CaseResult, MetricResult, RecordResult, as_record
 
 # The codes by their old names, for the modules that still import them from here.
 EXIT_OK, EXIT_QUALITY, EXIT_USAGE, EXIT_INCOMPLETE = (int(c) for c in (
@@ -36,30 +38,25 @@ def load_units(store: Any, record: EvaluationRecord) -> dict[str, ScoreUnit]:
 
 
 def summary(store: Any, record_oid: str, record: EvaluationRecord,
-            units: dict[str, ScoreUnit] | None = None, *, compare: bool = True) -> dict[str, Any]:
-    """The one JSON object ``run``/``rescore``/``replay`` print (with ``compare``, the
-    regressions and fixes against the record's baseline, if it has one)."""
+            units: dict[str, ScoreUnit] | None = None, *, compare: bool = True) -> RecordResult:
+    """The one result ``run``/``rescore``/``replay`` print as ``--json`` (with ``compare``,
+    the regressions and fixes against the record's baseline, if it has one)."""
     units = units if units is not None else load_units(store, record)
     cases: dict[tuple[str, int], dict[str, Any]] = {}
     for inf in record.inference:
         cases[(inf.eval_id, inf.repetition)] = {
             "eval_id": inf.eval_id, "repetition": inf.repetition,
             "inference": inf.status, "inference_reused": inf.reused, "metrics": {},
-            **case_efficiency(inf)}
+            "efficiency": dict(inf.efficiency), "tokens": inf.tokens,
+            "tokens_by_model": dict(inf.tokens_by_model)}
     for ref in record.units:
-        unit = units[ref.unit_oid]
         entry = cases.setdefault((ref.eval_id, ref.repetition), {
             "eval_id": ref.eval_id, "repetition": ref.repetition, "metrics": {}})
-        entry["metrics"][ref.metric_name] = {
-            "score": unit.score, "status": unit.status, "metric_status": unit.metric_status,
-            "gate_score": unit.gate_score, "threshold": unit.threshold,
-            "reused": ref.reused, "reused_from_record": ref.reused_from_record,
-            "reused_from_run": ref.reused_from_run, "why": ref.why, "reason": unit.reason,
-            "complete": unit.complete, "judge_calls": unit.judge_calls if not ref.reused else 0,
-        }
+        entry["metrics"][ref.metric_name] = metric_result(ref, units[ref.unit_oid])
+    rows = [CaseResult(**case) for case in cases.values()]
     s = record.summary
     entries, passed = gated(record, units)
-    return {
+    fields: dict[str, Any] = {
         "run_id": record.run_id, "kind": record.kind, "snapshot_id": record.snapshot_oid,
         "record_id": record_oid, "parent_record": record.parent_record,
         "eval_set_id": record.eval_set_id, "agent_calls": s.agent_calls,
@@ -71,18 +68,26 @@ def summary(store: Any, record_oid: str, record: EvaluationRecord,
         "skipped_cases": record.skipped_cases, "uninferred_cases": record.uninferred_cases,
         "unscored": s.unscored,
         "adk_history_path": record.adk_history_path,
-        **coverage_of(record),
-        **run_tokens(record),
-        "cases": list(cases.values()),
+        "full": record.full, "coverage": record.coverage,
+        "agent_tokens": s.agent_tokens, "judge_tokens": s.judge_tokens,
+        "inference_tokens": s.inference_tokens, "model_tokens": s.model_tokens,
+        "estimated_cost": s.estimated_cost, "cost_note": s.cost_note, "prices": s.prices,
+        "cases": rows,
         "aggregates": entries,
-    } | (baseline_comparison(store, record, list(cases.values()), entries) if compare else {})
+    }
+    if compare:
+        fields |= baseline_comparison(store, record, [c.model_dump() for c in rows], entries)
+    return RecordResult(**fields)
 
 
-def coverage_of(record: EvaluationRecord) -> dict[str, Any]:
-    """``full`` and what a subset leaves out (older records: full)."""
-    c = record.coverage
-    return {"full": record.full,
-            "coverage": c.model_dump() if c is not None else None}
+def metric_result(ref: UnitRef, unit: ScoreUnit) -> MetricResult:
+    """A unit's row in its record: the stored unit, and how this record came by it."""
+    return MetricResult(
+        score=unit.score, status=unit.status, metric_status=unit.metric_status,
+        gate_score=unit.gate_score, threshold=unit.threshold,
+        reused=ref.reused, reused_from_record=ref.reused_from_record,
+        reused_from_run=ref.reused_from_run, why=ref.why, reason=unit.reason,
+        complete=unit.complete, judge_calls=unit.judge_calls if not ref.reused else 0)
 
 
 def baseline_comparison(store: Any, record: EvaluationRecord, cases: list[dict[str, Any]],
@@ -137,31 +142,31 @@ def run_tokens(record: EvaluationRecord) -> dict[str, Any]:
     }
 
 
-def tokens_text(counts: dict[str, Any] | None) -> str:
+def tokens_text(counts: TokenCounts | None) -> str:
     """A token count's total for people: ``1,234``, or ``—`` when none was reported."""
-    total = (counts or {}).get("total_tokens")
+    total = counts.total_tokens if counts is not None else None
     return "—" if total is None else f"{total:,}"
 
 
-def cost_text(result: dict[str, Any]) -> str:
+def cost_text(result: RecordResult) -> str:
     """``0.001234``, or why there is no estimate."""
-    if result.get("estimated_cost") is not None:
-        return f"{result['estimated_cost']:.6f}"
-    return f"— ({result['cost_note']})" if result.get("cost_note") else "—"
+    if result.estimated_cost is not None:
+        return f"{result.estimated_cost:.6f}"
+    return f"— ({result.cost_note})" if result.cost_note else "—"
 
 
-def tokens_caption(result: dict[str, Any]) -> str:
+def tokens_caption(result: RecordResult) -> str:
     """This run's tokens and cost, one line (the table's caption, the artifact)."""
-    return (f"tokens this run: agent {tokens_text(result.get('agent_tokens'))}"
-            f" · judge {tokens_text(result.get('judge_tokens'))}"
+    return (f"tokens this run: agent {tokens_text(result.agent_tokens)}"
+            f" · judge {tokens_text(result.judge_tokens)}"
             f" · estimated cost {cost_text(result)}")
 
 
-def _caption(result: dict[str, Any]) -> str:
-    return (f"agent calls {result['agent_calls']} · judge calls {result['judge_calls']}"
-            f" · scored {result['scored_units']} · reused {result['reused_units']} (↺)"
-            f" · {'complete' if result['complete'] else 'INCOMPLETE'}"
-            f" · {'PASSED' if result['passed'] else 'NOT PASSED'}\n"
+def _caption(result: RecordResult) -> str:
+    return (f"agent calls {result.agent_calls} · judge calls {result.judge_calls}"
+            f" · scored {result.scored_units} · reused {result.reused_units} (↺)"
+            f" · {'complete' if result.complete else 'INCOMPLETE'}"
+            f" · {'PASSED' if result.passed else 'NOT PASSED'}\n"
             f"{tokens_caption(result)}" + "".join(f"\n{line}" for line in comparison_lines(result)))
 
 
@@ -170,25 +175,25 @@ def ci_text(ci: list[float] | None) -> str:
     return "—" if ci is None else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
 
 
-def stability_text(result: dict[str, Any]) -> str:
+def stability_text(result: RecordResult) -> str:
     """`` · until stable (≤ MAX): 2 stable, 1 at max`` for an ``--until-stable`` run."""
-    c = result.get("coverage") or {}
-    if not c.get("until_stable"):
+    c = result.coverage
+    if c is None or not c.until_stable:
         return ""
     counts: dict[str, int] = {}
-    for case in (c.get("stability") or {}).values():
-        counts[case["stopped"]] = counts.get(case["stopped"], 0) + 1
+    for case in (c.stability or {}).values():
+        counts[case.stopped] = counts.get(case.stopped, 0) + 1
     said = ", ".join(f"{n} {'at max' if why == 'max' else why}" for why, n in sorted(counts.items()))
-    return f" · until stable (≤ {c['until_stable']}): {said}"
+    return f" · until stable (≤ {c.until_stable}): {said}"
 
 
-def aggregate_table(result: dict[str, Any]) -> Any:
+def aggregate_table(result: RecordResult) -> Any:
     """A rich Table: one row per case × metric over its repetitions (k/n passed, the Wilson
     interval, mean ± stdev, verdict, the gate's status)."""
     from rich.table import Table
 
-    table = Table(title=f"{result['eval_set_id']} — run {result['run_id']}{subset_text(result)}"
-                        f" · {result['repetitions']} repetitions · gate {result['repetition_gate']}"
+    table = Table(title=f"{result.eval_set_id} — run {result.run_id}{subset_text(result)}"
+                        f" · {result.repetitions} repetitions · gate {result.repetition_gate}"
                         f"{stability_text(result)}")
     table.add_column("case")
     table.add_column("metric")
@@ -196,85 +201,86 @@ def aggregate_table(result: dict[str, Any]) -> Any:
         table.add_column(name, justify="center", no_wrap=True)
     colors = {"PASSED": "green", "FAILED": "red", "NOT_EVALUATED": "yellow"}
     verdicts = {"passing": "green", "failing": "red", "flaky": "magenta", "incomplete": "yellow"}
-    for a in result["aggregates"]:
-        mean = "—" if a["mean_score"] is None else f"{a['mean_score']:.2f}"
-        if a["score_stdev"] is not None:
-            mean += f"±{a['score_stdev']:.2f}"
-        table.add_row(a["eval_id"], a["metric"], f"{a['passed']}/{a['n']} {ci_text(a['pass_rate_ci95'])}"
-                      + (f" ({a['incomplete']} incomplete)" if a["incomplete"] else ""), mean,
-                      f"[{verdicts[a['verdict']]}]{a['verdict']}[/]",
-                      f"[{colors.get(a['status'], 'white')}]{a['status']}[/]")
+    for a in result.aggregates:
+        mean = "—" if a.mean_score is None else f"{a.mean_score:.2f}"
+        if a.score_stdev is not None:
+            mean += f"±{a.score_stdev:.2f}"
+        table.add_row(a.eval_id, a.metric, f"{a.passed}/{a.n} {ci_text(a.pass_rate_ci95)}"
+                      + (f" ({a.incomplete} incomplete)" if a.incomplete else ""), mean,
+                      f"[{verdicts[a.verdict]}]{a.verdict}[/]",
+                      f"[{colors.get(a.status, 'white')}]{a.status}[/]")
     table.caption = _caption(result) + "\nper repetition: evalsnap show RUN --all"
     return table
 
 
-def score_table(result: dict[str, Any], detail: bool = False) -> Any:
+def score_table(result: RecordResult | dict[str, Any], detail: bool = False) -> Any:
     """A rich Table: with repetitions, one row per case × metric (:func:`aggregate_table`)
     unless ``detail``; else cases × metrics, reused marked, disagreements shown."""
     from rich.table import Table
 
-    if not detail and result.get("repetitions", 1) > 1 and result.get("aggregates"):
+    result = as_record(result)
+    if not detail and result.repetitions > 1 and result.aggregates:
         return aggregate_table(result)
     metrics: list[str] = []
-    for case in result["cases"]:
-        for name in case["metrics"]:
+    for case in result.cases:
+        for name in case.metrics:
             if name not in metrics:
                 metrics.append(name)
-    table = Table(title=f"{result['eval_set_id']} — run {result['run_id']}{subset_text(result)}")
+    table = Table(title=f"{result.eval_set_id} — run {result.run_id}{subset_text(result)}")
     table.add_column("case")
     for name in metrics:
         table.add_column(name, justify="center")
     table.add_column("agent tokens", justify="right")
     colors = {"PASSED": "green", "FAILED": "red", "NOT_EVALUATED": "yellow",
               "INFORMATIONAL": "blue"}
-    for case in result["cases"]:
-        label = case["eval_id"] + (f" #{case['repetition']}" if case.get("repetition") else "")
-        if case.get("inference") == "failure":
+    for case in result.cases:
+        label = case.eval_id + (f" #{case.repetition}" if case.repetition else "")
+        if case.inference == "failure":
             label += " [red](inference failed)[/]"
         cells = []
         for name in metrics:
-            m = case["metrics"].get(name)
+            m = case.metrics.get(name)
             if m is None:
                 cells.append("")
                 continue
-            score = "—" if m["score"] is None else f"{m['score']:.2f}"
-            cell = f"[{colors.get(m['status'], 'white')}]{m['status']}[/] {score}"
-            if m["metric_status"] != m["status"] and m["status"] != "NOT_EVALUATED":
-                cell += f" (metric: {m['metric_status']})"
-            if m["reused"]:
+            score = "—" if m.score is None else f"{m.score:.2f}"
+            cell = f"[{colors.get(m.status, 'white')}]{m.status}[/] {score}"
+            if m.metric_status != m.status and m.status != "NOT_EVALUATED":
+                cell += f" (metric: {m.metric_status})"
+            if m.reused:
                 cell += " ↺"
             cells.append(cell)
-        table.add_row(label, *cells, tokens_text(case.get("tokens")))
+        table.add_row(label, *cells, tokens_text(case.tokens))
     table.caption = _caption(result)
     return table
 
 
-def subset_text(result: dict[str, Any]) -> str:
+def subset_text(result: RecordResult) -> str:
     """`` (subset: 10 of 13 cases, 2 of 7 metrics left out)`` for a record that is not full."""
-    c = result.get("coverage")
-    if result.get("full", True) or not c:
+    c = result.coverage
+    if result.full or c is None:
         return ""
-    left = [f"{len(c[k])} {what} left out" for k, what in
-            (("missing_cases", "case(s)"), ("missing_metrics", "metric(s)")) if c.get(k)]
-    return f" (subset: {', '.join(left) or c.get('note') or 'part of the eval set'})"
+    left = [f"{len(found)} {what} left out" for found, what in
+            ((c.missing_cases, "case(s)"), (c.missing_metrics, "metric(s)")) if found]
+    return f" (subset: {', '.join(left) or c.note or 'part of the eval set'})"
 
 
-def comparison_lines(result: dict[str, Any]) -> list[str]:
+def comparison_lines(result: RecordResult) -> list[str]:
     """The baseline comparison for people: one line per regression and fix."""
-    b = result.get("baseline")
-    if not b:
+    b = result.baseline
+    if b is None:
         return []
-    if b.get("note"):
-        return [f"baseline {b['requested']}: {b['note']}"]
-    regressions, fixes = result.get("regressions") or [], result.get("fixes") or []
-    lines = [f"vs baseline {b['run_id']}: {len(regressions)} regression(s), {len(fixes)} fix(es)"]
+    if b.note:
+        return [f"baseline {b.requested}: {b.note}"]
+    regressions, fixes = result.regressions, result.fixes
+    lines = [f"vs baseline {b.run_id}: {len(regressions)} regression(s), {len(fixes)} fix(es)"]
     for kind, entries in (("REGRESSED", regressions), ("fixed", fixes)):
         for e in entries:
-            rep = f" #{e['repetition']}" if e["repetition"] else ""
-            what = kind if e.get("significant", True) else f"{kind.lower()} (within noise)"
-            lines.append(f"  {what} {e['eval_id']}{rep} · {e['metric']}: {e['change']}")
-    for d in result.get("metric_deltas") or []:
-        lines.append(f"  Δ {d['metric']}: mean score {d['mean_delta']:+.3f} over {d['cases']} "
-                     f"case(s), 95% bootstrap {ci_text(d['ci95'])}"
-                     + (" (excludes 0)" if d["excludes_zero"] else ""))
+            rep = f" #{e.repetition}" if e.repetition else ""
+            what = kind if e.significant else f"{kind.lower()} (within noise)"
+            lines.append(f"  {what} {e.eval_id}{rep} · {e.metric}: {e.change}")
+    for d in result.metric_deltas:
+        lines.append(f"  Δ {d.metric}: mean score {d.mean_delta:+.3f} over {d.cases} "
+                     f"case(s), 95% bootstrap {ci_text(d.ci95)}"
+                     + (" (excludes 0)" if d.excludes_zero else ""))
     return lines
