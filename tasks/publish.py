@@ -9,8 +9,8 @@ from typing import Any
 
 from prefect import task
 
+from evalsnap.pipeline import context
 from evalsnap.pipeline.publish import PublishRequest, publish_request
-from evalsnap.records import repo
 from evalsnap.reports.artifacts import publish_artifacts
 from evalsnap.reports.html import report_link, store_report
 from evalsnap.reports.summary import summary
@@ -21,8 +21,9 @@ logger = logging.getLogger(__name__)
 @task(name="publish", persist_result=False)
 def publish_task(request: PublishRequest) -> dict[str, Any]:
     """Publishes the run; returns its summary (the ``--json`` object)."""
-    record_oid, record = publish_request(request)
-    store = repo.open_store(request.store_url)
+    ctx = context.of(request.store_url)
+    record_oid, record = publish_request(request, ctx)
+    store = ctx.store
     # Presentation after the commit: a signal waits only for the commit, and a page that
     # could not be written is written again by `evalsnap report RECORD` at any time.
     link: tuple[str | None, int | None] = (None, None)

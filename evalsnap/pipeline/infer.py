@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.adk.evaluation.eval_case import EvalCase
 from google.adk.version import __version__ as ADK_VERSION
@@ -21,10 +21,13 @@ from pydantic import BaseModel, ConfigDict
 from evalsnap.adk._user_code import contained_task_factory
 from evalsnap.agents.base import LoadedAgent, now_iso
 from evalsnap.agents.lanes import load_agent, run_inference
-from evalsnap.pipeline import limits, progress, reuse, runners
+from evalsnap.pipeline import reuse, runners
 from evalsnap.pipeline.outcomes import InferenceOutcome
 from evalsnap.records import InferenceRecord, repo
 from storage import Store
+
+if TYPE_CHECKING:
+    from evalsnap.pipeline.context import RunContext
 
 
 class InferItem(BaseModel):
@@ -112,12 +115,13 @@ def worth_retrying(batch: InferBatch, outcomes: list[InferenceOutcome]) -> list[
                 and (batch.run_id, o.fingerprint) not in _settled]
 
 
-async def _one(batch: InferBatch, item: InferItem, attempt: int) -> InferenceOutcome:
+async def _one(batch: InferBatch, item: InferItem, attempt: int,
+               ctx: RunContext) -> InferenceOutcome:
     with _lock:
         settled = _settled.get((batch.run_id, item.fingerprint))
     if settled is not None:  # failed before in this run, the same way a retry would
         return settled
-    store = repo.open_store(batch.store_url)
+    store = ctx.store
     found = reuse.inference_to_use(store, item.fingerprint, reuse=batch.reuse,
                                    run_id=batch.run_id, attempt=attempt)
     if found is not None:
@@ -128,7 +132,7 @@ async def _one(batch: InferBatch, item: InferItem, attempt: int) -> InferenceOut
                                 model_calls=record.model_calls
                                 if record.run_id == batch.run_id else 0)
     case = EvalCase.model_validate_json(item.case_json)
-    async with limits.model_slot("agent"):
+    async with ctx.limiter.slot("agent"):
         record = await run_inference(agent_at(batch.agent_dir, batch.agent_name, batch.framework), case,
                                      eval_set_id=batch.eval_set_id, repetition=item.repetition,
                                      run_id=batch.run_id, attempt=attempt,
@@ -151,8 +155,9 @@ def _write(store: Store, record: InferenceRecord) -> str:
     return oid
 
 
-def infer_batch(batch: InferBatch, attempt: int = 1) -> list[InferenceOutcome]:
-    """Runs (or reuses) every item of ``batch``; returns their outcomes in order.
+def infer_batch(batch: InferBatch, ctx: RunContext, attempt: int = 1) -> list[InferenceOutcome]:
+    """Runs (or reuses) every item of ``batch`` in the run of ``ctx``; returns their
+    outcomes in order.
 
     Synchronous: it runs its own event loop, under one of the process's CPU slots, and
     makes what it wrote durable before it returns.
@@ -164,21 +169,21 @@ def infer_batch(batch: InferBatch, attempt: int = 1) -> list[InferenceOutcome]:
 
         async def one(item: InferItem) -> InferenceOutcome:
             async with gate:
-                outcome = await _one(batch, item, attempt)
-            progress.advance("inference")
+                outcome = await _one(batch, item, attempt, ctx)
+            ctx.progress.advance("inference")
             return outcome
 
         return list(await asyncio.gather(*(one(item) for item in batch.items)))
 
     with runners.cpu_slot():
         outcomes = asyncio.run(run_all())
-    repo.open_store(batch.store_url).flush()
+    ctx.store.flush()
     return outcomes
 
 
-def record_failures(batch: InferBatch, error: str, attempts: int) -> list[InferenceOutcome]:
+def record_failures(batch: InferBatch, error: str, attempts: int,
+                    store: Store) -> list[InferenceOutcome]:
     """Failed inferences for every item of a batch whose task failed as a whole."""
-    store = repo.open_store(batch.store_url)
     agent = agent_at(batch.agent_dir, batch.agent_name, batch.framework)
     out = []
     for item in batch.items:

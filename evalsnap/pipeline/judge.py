@@ -6,7 +6,7 @@ agent's own model (and other evaluators) are never intercepted.
 
 The wrapper (:class:`JudgeRecorder`) answers each request from one of three places:
 
-* the live judge model (under the one model-call limiter, :mod:`evalsnap.pipeline.limits`;
+* the live judge model (under the run's model-call limiter, :mod:`evalsnap.pipeline.limits`;
   transient errors retried with backoff);
 * with ``--reuse``, an earlier ledger entry with the same request key and sample index;
 * in ``replay``, only the unit's own ledger — anything else is a mismatch, and no
@@ -16,6 +16,7 @@ The wrapper (:class:`JudgeRecorder`) answers each request from one of three plac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -31,7 +32,7 @@ from google.genai import types
 from evalsnap import settings
 from evalsnap.adk.judge_adapters import JudgeAdapter, adapter_for
 from evalsnap.deadlines import exceeded
-from evalsnap.pipeline.limits import model_slot
+from evalsnap.pipeline.limits import ModelLimiter
 
 logger = logging.getLogger(__name__)
 _TRANSIENT_CODES = frozenset({408, 429, 500, 502, 503, 504})
@@ -173,6 +174,8 @@ class JudgeRecorder:
     inner: Any
     adapter: JudgeAdapter
     source: LedgerSource | None = None
+    limiter: ModelLimiter | None = None
+    """The run's model-call limiter; None: live calls are not limited."""
     calls: list[JudgeCall] = field(default_factory=list)
     mismatches: list[str] = field(default_factory=list)
     _samples: Counter[str] = field(default_factory=Counter)
@@ -253,7 +256,8 @@ class JudgeRecorder:
         for attempt in range(1, len(delays) + 2):
             call = self._new_call(key, sample, view, prompt, judge_class, attempt)
             try:
-                async with model_slot("judge"):
+                async with (self.limiter.slot("judge") if self.limiter is not None
+                            else contextlib.nullcontext()):
                     responses = await self._answers(llm_request, stream, timeout)
             except Exception as exc:
                 call.error = f"{type(exc).__name__}: {exc}"
@@ -283,11 +287,13 @@ class JudgeRecorder:
                            "EVALSNAP_JUDGE_CALL_TIMEOUT") from None
 
 
-def attach_recorder(evaluator: Any, source: LedgerSource | None = None) -> JudgeRecorder | None:
+def attach_recorder(evaluator: Any, source: LedgerSource | None = None,
+                    limiter: ModelLimiter | None = None) -> JudgeRecorder | None:
     """Wraps the evaluator's judge model, if it has one."""
     inner = getattr(evaluator, "_judge_model", None)
     if inner is None:
         return None
-    recorder = JudgeRecorder(inner=inner, adapter=adapter_for(evaluator), source=source)
+    recorder = JudgeRecorder(inner=inner, adapter=adapter_for(evaluator), source=source,
+                             limiter=limiter)
     evaluator._judge_model = recorder  # noqa: SLF001 (the documented capture point)
     return recorder
