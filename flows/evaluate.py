@@ -128,7 +128,8 @@ def evaluate(
         tag_flow_run("evalsnap", *(f"evalset:{p.eval_set.eval_set_id}" for p in plans))
         rename_flow_run(_evalset_label([p.eval_set.eval_set_id for p in plans]),
                         all(p.coverage().full for p in plans))
-        with runners.task_runner_scope(spec.task_runner, spec.dask_address) as runner:
+        with runners.task_runner_scope(spec.task_runner, spec.dask_address,
+                                       ctx.settings) as runner:
             results = [_evaluate(plan, spec.run_options(), runner) for plan in plans]
         return finish(combined(results), spec.fail_on, plans[0].store_url)
 

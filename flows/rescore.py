@@ -102,7 +102,7 @@ def rescore(
         rename_flow_run(f"rescore-{plan.eval_set.eval_set_id}", plan.coverage().full)
         progress = RunProgress(len(plan.metric_names) + 1,
                                f"{plan.eval_set.eval_set_id}: rescoring, publish")
-        with runners.task_runner_scope(spec.task_runner, spec.dask_address):
+        with runners.task_runner_scope(spec.task_runner, spec.dask_address, ctx.settings):
             if run.reuse and not run.force:  # prove in bulk what the previous record implies
                 hints.prime(ctx.store, plan.eval_set.eval_set_id)
             outcomes = plan.source_outcomes  # the frozen inference: the agent is never called

@@ -32,7 +32,11 @@ What stays process-global, and why (nothing else does):
 * Prefect's settings and contexts, and the saved result-storage block of a store URL
   (:func:`tasks.support.cached`);
 * fsspec's filesystem instances (its own cache, per URL and options);
-* the environment's settings (:func:`evalsnap.settings.get`: a new context's default);
+* the environment's settings (:func:`evalsnap.settings.get`: a new context's default, and
+  what code below a run's steps reads that is handed no context: the lanes' call and
+  inference deadlines, Prefect task options fixed when a task is declared);
+* the process's CPU slots (:func:`evalsnap.pipeline.runners.cpu_slot`: the cores are the
+  process's, whatever runs it serves);
 * the CLI's signal handling (:mod:`evalsnap.cli.signals`: a process has one set of handlers);
 * the contexts a process that did not start the run keeps for it (above), and the failures
   a retry cannot fix of each run (:mod:`evalsnap.pipeline.infer`, keyed by run id, bounded).

@@ -121,9 +121,10 @@ class LedgerSource:
     strict: bool = False
 
 
-def retry_delays() -> list[float]:
-    """Backoff between judge attempts: ``EVALSNAP_RETRY_DELAYS`` (seconds), as for tasks."""
-    return list(settings.get().retry_delays)
+def retry_delays(s: settings.Settings | None = None) -> list[float]:
+    """Backoff between judge attempts: ``EVALSNAP_RETRY_DELAYS`` (seconds), as for tasks
+    (``s``: the run's settings; default: the environment's)."""
+    return list((s or settings.get()).retry_delays)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -251,8 +252,9 @@ class JudgeRecorder:
     async def _call_model(self, llm_request: LlmRequest, stream: bool, key: str, sample: int,
                           view: dict[str, Any], prompt: str) -> AsyncGenerator[LlmResponse, None]:
         judge_class = f"{type(self.inner).__module__}.{type(self.inner).__qualname__}"
-        delays = retry_delays()
-        timeout = settings.get().judge_call_timeout
+        s = self.limiter.settings if self.limiter is not None else settings.get()  # the run's
+        delays = retry_delays(s)
+        timeout = s.judge_call_timeout
         for attempt in range(1, len(delays) + 2):
             call = self._new_call(key, sample, view, prompt, judge_class, attempt)
             try:

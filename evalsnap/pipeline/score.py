@@ -148,7 +148,8 @@ async def score_metric_async(req: ScoreRequest, ctx: RunContext,
                                               limiter=ctx.limiter,
                                               inference_is_private=True,
                                               timeout=metric_timeout(live.timeouts,
-                                                                     rule.metric_name))
+                                                                     rule.metric_name,
+                                                                     ctx.settings))
         reused_samples = 0
         entries: list[LedgerEntry] = []
         if recorder is not None:
