@@ -44,8 +44,9 @@ def infer_task(request: InferBatch) -> list[dict[str, Any]]:
     attempt = int(task_run.get_run_count() or 1)
     ctx = TaskRunContext.get()
     last_attempt = ctx is None or attempt > (ctx.task.retries or 0)
-    outcomes = infer.infer_batch(request, context.of(request.store_url), attempt)
-    failed = infer.worth_retrying(request, outcomes)
+    run = context.of(request.store_url)
+    outcomes = infer.infer_batch(request, run, attempt)
+    failed = infer.worth_retrying(outcomes, run)
     if failed and not last_attempt:
         raise InferenceFailed(f"{len(failed)} of {len(outcomes)} inferences failed, first "
                               f"{failed[0].eval_id}: {failed[0].error}; retrying those")

@@ -4,9 +4,10 @@ A :class:`RunContext` holds what a run's steps share: the open :class:`~storage.
 read cache and request counts are the run's), the :class:`~evalsnap.settings.Settings`, the
 model-call limiter (:class:`~evalsnap.pipeline.limits.ModelLimiter`), the progress sink
 (:class:`~evalsnap.pipeline.progress.Progress`), the run's commits and what it published
-(:class:`~evalsnap.pipeline.commits.Commits`: the CLI's signal handling), and the verdicts
-on Prefect's cached results (bounded). A new run starts with a new, empty context: nothing
-one run learnt serves another, and nothing is found by URL in a module-level registry.
+(:class:`~evalsnap.pipeline.commits.Commits`: the CLI's signal handling), the verdicts on
+Prefect's cached results (bounded), and the inference failures no retry fixes. A new run
+starts with a new, empty context: nothing one run learnt serves another, and nothing is
+found by URL in a module-level registry.
 
 Where a context comes from:
 
@@ -38,8 +39,7 @@ What stays process-global, and why (nothing else does):
 * the process's CPU slots (:func:`evalsnap.pipeline.runners.cpu_slot`: the cores are the
   process's, whatever runs it serves);
 * the CLI's signal handling (:mod:`evalsnap.cli.signals`: a process has one set of handlers);
-* the contexts a process that did not start the run keeps for it (above), and the failures
-  a retry cannot fix of each run (:mod:`evalsnap.pipeline.infer`, keyed by run id, bounded).
+* the contexts a process that did not start the run keeps for it (above).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ import contextvars
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from evalsnap import settings as _settings
 from evalsnap.pipeline.commits import Commits
@@ -101,6 +101,9 @@ class RunContext:
         self.progress = Progress()
         self.commits = Commits()
         self.verdicts = Verdicts()
+        #: Failures of the run's inference that no retry fixes, by inference fingerprint
+        #: (:mod:`evalsnap.pipeline.infer`: a retry of their batch does not run them again).
+        self.settled: dict[str, Any] = {}
         self._store: Store | None = None
         self._lock = threading.Lock()
 

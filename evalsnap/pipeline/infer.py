@@ -65,6 +65,7 @@ class InferBatch(BaseModel):
         return first if len(self.items) == 1 else f"{first} … {last} ({len(self.items)})"
 
 
+_lock = threading.Lock()
 _agents: dict[tuple[str, str | None, str | None], LoadedAgent] = {}
 _MAX_AGENTS = 8
 
@@ -95,30 +96,14 @@ def use_agent(agent: LoadedAgent, agent_dir: str, agent_name: str | None = None,
     return agent
 
 
-_lock = threading.Lock()
-_settled: dict[tuple[str, str], InferenceOutcome] = {}
-"""(run id, inference fingerprint) → a failure of this run that no retry fixes."""
-_MAX_SETTLED = 10_000
-
-
-def _settle(run_id: str, outcome: InferenceOutcome) -> None:
-    with _lock:
-        if len(_settled) >= _MAX_SETTLED:
-            _settled.pop(next(iter(_settled)))
-        _settled[(run_id, outcome.fingerprint)] = outcome
-
-
-def worth_retrying(batch: InferBatch, outcomes: list[InferenceOutcome]) -> list[InferenceOutcome]:
-    """The failed outcomes of ``batch`` that a retry could fix."""
-    with _lock:
-        return [o for o in outcomes if o.status != "success"
-                and (batch.run_id, o.fingerprint) not in _settled]
+def worth_retrying(outcomes: list[InferenceOutcome], ctx: RunContext) -> list[InferenceOutcome]:
+    """The failed outcomes of a batch that a retry could fix (not settled in ``ctx``'s run)."""
+    return [o for o in outcomes if o.status != "success" and o.fingerprint not in ctx.settled]
 
 
 async def _one(batch: InferBatch, item: InferItem, attempt: int,
                ctx: RunContext) -> InferenceOutcome:
-    with _lock:
-        settled = _settled.get((batch.run_id, item.fingerprint))
+    settled = ctx.settled.get(item.fingerprint)
     if settled is not None:  # failed before in this run, the same way a retry would
         return settled
     store = ctx.store
@@ -145,7 +130,7 @@ async def _one(batch: InferBatch, item: InferItem, attempt: int,
                                model_calls=record.model_calls, run_id=batch.run_id,
                                error=record.error)
     if not record.ok and record.retryable is False:
-        _settle(batch.run_id, outcome)
+        ctx.settled[item.fingerprint] = outcome
     return outcome
 
 
