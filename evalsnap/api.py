@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
@@ -30,6 +30,9 @@ from evalsnap.reports.summary_model import (
     parts,
 )
 from evalsnap.spec import RunSpec
+
+if TYPE_CHECKING:
+    from evalsnap.pipeline.context import RunContext
 
 __all__ = ["CaseResult", "MetricResult", "RecordResult", "RunResult", "RunSpec", "Tokens",
            "check_store_url", "evaluate", "rescore", "run", "run_spec"]
@@ -104,22 +107,25 @@ def run(spec: RunSpec, *, storage_options: dict[str, str] | None = None) -> RunR
 
 
 def run_spec(spec: RunSpec, *, storage_options: dict[str, str] | None = None,
-             progress: contextlib.AbstractContextManager[Any] | None = None) -> Summary:
+             progress: contextlib.AbstractContextManager[Any] | None = None,
+             run_context: RunContext | None = None) -> Summary:
     """Runs the flow of ``spec`` in this process, on the server ``PREFECT_API_URL`` names
     (else on Prefect's own temporary local API); returns its result (the ``--json`` object).
 
     It leaves the caller's process as it found it: no logger, warning filter, environment
     variable or signal handler is changed (the command line does its own start-up in
     :mod:`evalsnap.startup`). ``storage_options`` stay in this process: they are never a
-    flow parameter, so they never reach Prefect's database."""
+    flow parameter, so they never reach Prefect's database; they, the progress sink and
+    the run's commits travel in the flow's run context (``run_context``, the caller's who
+    listens to its progress or watches its commits: the CLI's; else a new one)."""
+    from evalsnap.pipeline import context
     from evalsnap.pipeline.runners import resolve_runner
-    from evalsnap.records import repo
 
     spec = spec.model_copy(update={"store": spec.store or settings.get().store})
     check_store_url(spec.store)
     task_runner, dask_address = resolve_runner(spec.task_runner, spec.dask_address)
     spec = spec.model_copy(update={"task_runner": task_runner, "dask_address": dask_address})
-    repo.configure_store(spec.store, storage_options or {})
+    ctx = run_context or context.RunContext(spec.store, storage_options=storage_options)
     if spec.kind == "rescore":
         from flows.rescore import rescore as flow_fn
     else:
@@ -127,7 +133,8 @@ def run_spec(spec: RunSpec, *, storage_options: dict[str, str] | None = None,
     from prefect import settings as prefect_settings
 
     heartbeat = getattr(prefect_settings, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY", None)
-    with progress or contextlib.nullcontext(), _no_heartbeat(prefect_settings, heartbeat):
+    with progress or contextlib.nullcontext(), _no_heartbeat(prefect_settings, heartbeat), \
+            context.given(ctx):
         return flow_result(flow_fn(**spec.flow_parameters(), return_state=True))
 
 

@@ -60,11 +60,13 @@ def read_metric_timeouts(raw: dict[str, Any], where: str, metrics: list[str]) ->
     return out
 
 
-def metric_timeout(timeouts: dict[str, float], metric_name: str) -> tuple[float, str]:
-    """The deadline of one unit of ``metric_name`` and where it comes from."""
+def metric_timeout(timeouts: dict[str, float], metric_name: str,
+                   s: settings.Settings | None = None) -> tuple[float, str]:
+    """The deadline of one unit of ``metric_name`` and where it comes from (``s``: the run's
+    settings; default: the environment's)."""
     if metric_name in timeouts:
         return timeouts[metric_name], f"{CONFIG_KEY}.{metric_name}"
-    return settings.get().metric_timeout, "EVALSNAP_METRIC_TIMEOUT"
+    return (s or settings.get()).metric_timeout, "EVALSNAP_METRIC_TIMEOUT"
 
 
 def in_daemon_thread(fn: Callable[..., T], *args: Any) -> Awaitable[T]:

@@ -8,12 +8,10 @@ from prefect import flow
 from prefect.runtime import flow_run
 from pydantic import Field, WithJsonSchema
 
-from evalsnap.pipeline import hints, runners, stability
+from evalsnap.pipeline import context, hints, runners, stability
 from evalsnap.pipeline.outcomes import InferenceOutcome, UnitOutcome
 from evalsnap.pipeline.plan import Plan, plan_runs
-from evalsnap.records import repo
 from evalsnap.records.record import CaseStability
-from evalsnap.records.repo import run_scope
 from evalsnap.reports import lastgood
 from evalsnap.reports.artifacts import RunProgress
 from evalsnap.reports.regressions import FailOn
@@ -126,12 +124,13 @@ def evaluate(
     """Runs the agent on every case, freezes a snapshot, scores each metric, publishes:
     one record per eval set; the flow run ends Failed when ``fail_on`` says so."""
     spec = resolved(RunSpec.of_flow("run", **locals()))  # the parameters, and nothing else yet
-    with run_scope(spec.store):  # what the run learns of the store ends with it
-        plans = plan_runs(spec, good=lastgood.is_good)
+    with context.started(spec.store) as ctx:  # the run's store, limiter, progress, commits
+        plans = plan_runs(spec, ctx, good=lastgood.is_good)
         tag_flow_run("evalsnap", *(f"evalset:{p.eval_set.eval_set_id}" for p in plans))
         rename_flow_run(_evalset_label([p.eval_set.eval_set_id for p in plans]),
                         all(p.coverage().full for p in plans))
-        with runners.task_runner_scope(spec.task_runner, spec.dask_address) as runner:
+        with runners.task_runner_scope(spec.task_runner, spec.dask_address,
+                                       ctx.settings) as runner:
             results = [_evaluate(plan, spec.run_options(), runner) for plan in plans]
         return finish(combined(results), spec.fail_on, plans[0].store_url)
 
@@ -141,7 +140,7 @@ def _evaluate(plan: Plan, run: RunOptions, runner: str) -> RecordResult:
     progress = RunProgress(plan.inference_total + len(plan.metric_names) + 1,
                            f"{plan.eval_set.eval_set_id}: inference, scoring, publish")
     if run.reuse and not run.force:  # prove in bulk what the previous record implies
-        hints.prime(repo.open_store(plan.store_url), plan.eval_set.eval_set_id)
+        hints.prime(plan.context.store, plan.eval_set.eval_set_id)
     with scoring_pool(plan, run, runner) as pool:
         outcomes = run_inference(plan.inference_batches(run), progress)
         snapshot_oid = freeze_task(as_data(plan.freeze_request(outcomes)))
@@ -160,7 +159,7 @@ def _until_stable(plan: Plan, run: RunOptions, progress: RunProgress, pool: Any,
     """``--until-stable``: rounds of more repetitions for the cases in doubt (each round
     infers, freezes and scores only its own repetitions), then one snapshot of them all for
     the record (:mod:`evalsnap.pipeline.stability`)."""
-    rates = stability.baseline_rates(repo.open_store(plan.store_url),
+    rates = stability.baseline_rates(plan.context.store,
                                      plan.baseline.record_oid if plan.baseline else None)
     thresholds = {r.metric_name: r.threshold for r in plan.selected_rules()}
     reps = dict.fromkeys(plan.case_ids, plan.repetitions)

@@ -9,10 +9,8 @@ from prefect import flow
 from prefect.runtime import flow_run
 from pydantic import Field
 
-from evalsnap.pipeline import hints, runners
+from evalsnap.pipeline import context, hints, runners
 from evalsnap.pipeline.plan import plan_rescore
-from evalsnap.records import repo
-from evalsnap.records.repo import run_scope
 from evalsnap.reports import lastgood
 from evalsnap.reports.artifacts import RunProgress
 from evalsnap.reports.regressions import FailOn
@@ -97,16 +95,16 @@ def rescore(
         # config, so its parent is the import root (a UI user sets no code paths).
         first = spec.evalsets[0] if spec.evalsets else str(spec.config)
         spec = spec.model_copy(update={"code_paths": [str(Path(first).parent.parent)]})
-    with run_scope(spec.store):  # what the run learns of the store ends with it
-        plan = plan_rescore(spec, good=lastgood.is_good)
+    with context.started(spec.store) as ctx:  # the run's store, limiter, progress, commits
+        plan = plan_rescore(spec, ctx, good=lastgood.is_good)
         run = spec.run_options()
         tag_flow_run("evalsnap", f"evalset:{plan.eval_set.eval_set_id}")
         rename_flow_run(f"rescore-{plan.eval_set.eval_set_id}", plan.coverage().full)
         progress = RunProgress(len(plan.metric_names) + 1,
                                f"{plan.eval_set.eval_set_id}: rescoring, publish")
-        with runners.task_runner_scope(spec.task_runner, spec.dask_address):
+        with runners.task_runner_scope(spec.task_runner, spec.dask_address, ctx.settings):
             if run.reuse and not run.force:  # prove in bulk what the previous record implies
-                hints.prime(repo.open_store(plan.store_url), plan.eval_set.eval_set_id)
+                hints.prime(ctx.store, plan.eval_set.eval_set_id)
             outcomes = plan.source_outcomes  # the frozen inference: the agent is never called
             snapshot_oid = freeze_task(as_data(plan.freeze_request(outcomes)))
             units = run_scoring(plan.score_requests(run, snapshot_oid), progress)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from prefect import task
 
+from evalsnap.pipeline import context
 from evalsnap.pipeline.freeze import FreezeRequest, freeze
 
 
 @task(name="freeze", persist_result=False)
 def freeze_task(request: FreezeRequest) -> str:
     """Writes the run's snapshot; returns its id."""
-    return freeze(request)
+    return freeze(request, context.of(request.store_url).store)

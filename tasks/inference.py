@@ -15,7 +15,7 @@ from prefect.context import TaskRunContext
 from prefect.futures import PrefectFuture
 from prefect.runtime import task_run
 
-from evalsnap.pipeline import infer, leftovers, reuse
+from evalsnap.pipeline import context, infer, leftovers, reuse
 from evalsnap.pipeline.infer import InferBatch
 from evalsnap.pipeline.outcomes import InferenceOutcome
 from tasks.support import cached, retry_options, wait_tracked
@@ -44,8 +44,9 @@ def infer_task(request: InferBatch) -> list[dict[str, Any]]:
     attempt = int(task_run.get_run_count() or 1)
     ctx = TaskRunContext.get()
     last_attempt = ctx is None or attempt > (ctx.task.retries or 0)
-    outcomes = infer.infer_batch(request, attempt)
-    failed = infer.worth_retrying(request, outcomes)
+    run = context.of(request.store_url)
+    outcomes = infer.infer_batch(request, run, attempt)
+    failed = infer.worth_retrying(outcomes, run)
     if failed and not last_attempt:
         raise InferenceFailed(f"{len(failed)} of {len(outcomes)} inferences failed, first "
                               f"{failed[0].eval_id}: {failed[0].error}; retrying those")
@@ -71,5 +72,6 @@ def run_inference(batches: list[InferBatch], progress: Any = None) -> list[Infer
             message = str(future.state.message)
         except Exception as exc:  # noqa: BLE001 - the task's own error text is the reason
             message = str(exc)
-        outcomes += infer.record_failures(batch, message, attempts=(infer_task.retries or 0) + 1)
+        outcomes += infer.record_failures(batch, message, attempts=(infer_task.retries or 0) + 1,
+                                          store=context.of(batch.store_url).store)
     return outcomes

@@ -8,8 +8,8 @@ import logging
 
 from prefect import task
 
+from evalsnap.pipeline import context
 from evalsnap.pipeline.publish import PublishRequest, publish_request
-from evalsnap.records import repo
 from evalsnap.reports.artifacts import publish_artifacts
 from evalsnap.reports.html import report_link, store_report
 from evalsnap.reports.site import refresh as refresh_site
@@ -22,8 +22,9 @@ logger = logging.getLogger(__name__)
 @task(name="publish", persist_result=False)
 def publish_task(request: PublishRequest) -> RecordResult:
     """Publishes the run; returns its summary (the ``--json`` object's model)."""
-    record_oid, record = publish_request(request)
-    store = repo.open_store(request.store_url)
+    ctx = context.of(request.store_url)
+    record_oid, record = publish_request(request, ctx)
+    store = ctx.store
     # Presentation after the commit: a signal waits only for the commit, and a page that
     # could not be written is written again by `evalsnap report RECORD` at any time.
     link: tuple[str | None, int | None] = (None, None)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import threading
 from typing import Any, ClassVar
 
 from prefect.filesystems import WritableFileSystem
@@ -29,8 +28,7 @@ from prefect.serializers import Serializer
 from pydantic import Field
 
 from evalsnap.errors import EvalsnapError
-from evalsnap.pipeline import reuse
-from evalsnap.records import repo
+from evalsnap.pipeline import context, reuse
 from evalsnap.records.task_results import SERIALIZER_TYPE, loads_plain, plain, record_value
 from storage import TooLarge
 
@@ -60,33 +58,31 @@ class StoreResults(WritableFileSystem):
 
     store_url: str
 
-    # Verdicts per (key, sha256 of the bytes): Prefect reads a hit twice (exists, read).
-    _verdicts: ClassVar[dict[tuple[str, str], bool]] = {}
-    _lock: ClassVar[threading.Lock] = threading.Lock()
-
     def _usable(self, key: str, data: bytes) -> bool:
+        # verdicts per (key, sha256 of the bytes), the run's: Prefect reads a hit twice
+        # (exists, read)
+        ctx = context.of(self.store_url)
         memo = (key, hashlib.sha256(data).hexdigest())
-        with self._lock:
-            if memo in self._verdicts:
-                return self._verdicts[memo]
+        known = ctx.verdicts.get(memo)
+        if known is not None:
+            return known
         try:
             value = record_value(data)
-            ok = reuse.cache_hit_usable(repo.open_store(self.store_url), key, value)
+            ok = reuse.cache_hit_usable(ctx.store, key, value)
             if not ok:
                 logger.info("cached result %s does not match the store's indexes; "
                             "running the task again", key)
         except (ValueError, RecursionError, EvalsnapError) as exc:
             logger.warning("refusing cached result %s: %s", key, exc)
             ok = False
-        with self._lock:
-            self._verdicts[memo] = ok
+        ctx.verdicts.put(memo, ok)
         return ok
 
     # Sync on purpose: Prefect calls block methods sync (``_sync=True``) or awaits what they
     # return only if it is awaitable (prefect._internal.compatibility.blocks).
     def read_path(self, path: str, **_: Any) -> bytes:  # type: ignore[override]
         try:
-            data = repo.open_store(self.store_url).get_task_result(path)
+            data = context.of(self.store_url).store.get_task_result(path)
         except TooLarge as exc:  # planted or damaged: counts as absent, the task runs
             logger.warning("refusing cached result %s: %s", path, exc)
             data = None
@@ -101,5 +97,5 @@ class StoreResults(WritableFileSystem):
             logger.warning("not caching task result %s: %s", path, exc)
             return path
         if reuse.cacheable(path, value):
-            repo.open_store(self.store_url).put_task_result(path, content)
+            context.of(self.store_url).store.put_task_result(path, content)
         return path

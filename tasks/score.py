@@ -10,12 +10,10 @@ from typing import Any
 
 from prefect import task
 
-from evalsnap import settings
-from evalsnap.pipeline import reuse
+from evalsnap.pipeline import context, reuse
 from evalsnap.pipeline.outcomes import UnitOutcome
 from evalsnap.pipeline.plan import Plan
 from evalsnap.pipeline.score import ScoreRequest, score_metric, units_lost
-from evalsnap.records import repo
 from evalsnap.spec import RunOptions
 from tasks.support import cached, wait_tracked
 
@@ -25,7 +23,7 @@ from tasks.support import cached, wait_tracked
 def score_task(request: ScoreRequest) -> list[dict[str, Any]]:
     """Scores (or reuses) one metric on every frozen case. Sync on purpose (see
     ``tasks.inference``): the event loop lives inside the task."""
-    return [o.model_dump(mode="json") for o in score_metric(request)]
+    return [o.model_dump(mode="json") for o in score_metric(request, context.of(request.store_url))]
 
 
 def run_scoring(requests: list[ScoreRequest], progress: Any = None,
@@ -58,13 +56,14 @@ def _units_of(request: ScoreRequest, future: Any) -> list[Any]:
     except BrokenProcessPool as exc:
         return units_lost(request, f"the scoring process ended while this metric was being "
                                    f"scored there ({exc}); user code may have ended it "
-                                   "(os._exit, a crash) — score it again to see")
+                                   "(os._exit, a crash) — score it again to see",
+                          context.of(request.store_url))
 
 
 @task(name="store requests", persist_result=False)
 def store_requests_task(store_url: str) -> dict[str, int]:
     """The store requests this process sent in this run (asked of the scoring process)."""
-    return repo.open_store(store_url).requests.snapshot()
+    return context.of(store_url).store.requests.snapshot()
 
 
 def _count_pool_requests(pool: Any, store_url: str) -> None:
@@ -72,7 +71,7 @@ def _count_pool_requests(pool: Any, store_url: str) -> None:
         counts = pool.submit(store_requests_task, {"store_url": store_url}).result()
     except Exception:  # noqa: BLE001 - a dead scoring process: its units say so already
         return
-    here = repo.open_store(store_url).requests
+    here = context.of(store_url).store.requests
     for kind, n in counts.items():
         if kind != "total":
             here.add(kind, int(n))
@@ -83,21 +82,22 @@ def prepare_scoring_task() -> None:
     """Starts the pool's process now, so that its imports overlap the run's inference."""
 
 
-def _warm(store_url: str, storage_options: dict[str, str], sys_paths: list[str],
-          metric_names: list[str], agent: tuple[str | None, str | None] = (None, None),
+def _warm(store_url: str, storage_options: dict[str, str], flow_run_id: str | None,
+          sys_paths: list[str], metric_names: list[str],
+          agent: tuple[str | None, str | None] = (None, None),
           parent_pid: int | None = None) -> None:
     """Initializer of a scoring process: it dies with the flow's process, then imports what
     its tasks would import first."""
     from evalsnap import startup
+    from evalsnap.pipeline.context import RunContext, serve
     from evalsnap.pipeline.score import ensure_paths, import_agent
-    from evalsnap.records import repo
 
     if parent_pid is not None:
         startup.die_with_parent(parent_pid)
     startup.apply_defaults()
     startup.exit_without_teardown()
-    repo.configure_store(store_url, storage_options)
-    repo.begin_run(store_url)  # this process serves one run: remember what it reads and writes
+    # this process serves the tasks of one flow run: its store, with the flow's options
+    serve(RunContext(store_url, storage_options=storage_options), flow_run_id)
     ensure_paths(sys_paths)
     import_agent(*agent)  # before the config: what the agent package registers is needed
     import evalsnap.adk.config  # noqa: F401  (ADK's evaluators and their registry)
@@ -118,7 +118,7 @@ def scoring_pool(plan: Plan, run: RunOptions, runner: str) -> Iterator[Any]:
     Never for a ``memory://`` store: it lives in this process's memory only, so another
     process would find none of the run's snapshot and inference there.
     """
-    s = settings.get()
+    s = plan.context.settings
     units = plan.inference_total * len(plan.metric_names)
     if (runner != "threads" or s.scoring_process_count < 1 or len(plan.metric_names) < 2
             or plan.store_url.startswith("memory://")
@@ -133,8 +133,14 @@ def scoring_pool(plan: Plan, run: RunOptions, runner: str) -> Iterator[Any]:
     with ProcessPoolTaskRunner(
             max_workers=s.scoring_process_count, initializer=startup.child_start,
             initargs=("tasks.score:_warm", plan.store_url,
-                      repo.storage_options_of(plan.store_url), plan.sys_paths,
+                      plan.context.storage_options, _flow_run_id(), plan.sys_paths,
                       plan.metric_names, (plan.agent_dir, plan.agent_name),
                       os.getpid())) as pool:
         pool.submit(prepare_scoring_task, {})
         yield pool
+
+
+def _flow_run_id() -> str | None:
+    from prefect.runtime import flow_run
+
+    return flow_run.get_id()

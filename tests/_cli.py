@@ -12,9 +12,10 @@ call look like a fresh process to the code it runs:
   installed environment and the product's packages) is imported afresh, as in a new process,
   and forgotten after the call, as are ``sys.path`` entries the run added; ADK's model
   registry is restored;
-* evalsnap's per-process memos (open stores and their options, published records, verdicts
-  on Prefect's cached results, concurrency-limit look-ups) and fsspec's filesystem instances
-  start empty (these reach into private names: the product has no run context yet).
+* what stays process-global by design (:mod:`evalsnap.pipeline.context`) starts as in a new
+  process: a config's identity declarations, the CLI's signal state after a printed result,
+  and fsspec's filesystem instances (a run's store, published records, verdicts and limits
+  live in its run context, new for every call).
 
 What differs from ``main`` (``python -m evalsnap.cli``) and stays tested by subprocess tests:
 the start-up tricks (the early temporary API: the suite's server is given by
@@ -134,17 +135,9 @@ def _environment(env: dict[str, str] | None, cwd: Path | None) -> Iterator[None]
 
 
 def _forget_process_memos() -> None:
-    """evalsnap's per-process state, as a new process has it (see the module docstring)."""
-    from evalsnap.pipeline import commits, limits
-    from evalsnap.records import repo
-    from tasks.results import StoreResults
-
-    with repo._lock:
-        repo._stores.clear()
-        repo._options.clear()
-    commits._published.clear()
-    limits._known.clear()
-    StoreResults._verdicts.clear()
+    """What stays per process (see the module docstring), as a new process has it: every
+    run starts with a new run context (:mod:`evalsnap.pipeline.context`), so what one run
+    learnt (its store, published records, verdicts, limits) is not kept for the next."""
     from evalsnap.agents import identity
 
     identity.forget_declared()  # a config's evalsnapIdentity declarations are per process
@@ -227,6 +220,10 @@ def run_inproc(*args: str, env: dict[str, str] | None = None, cwd: Path | None =
         from tests.conftest import run_cli
 
         return run_cli(*args, env=env, cwd=cwd, timeout=timeout)
+    # Prefect sets up its logging once per process, when it is first imported whole, and
+    # closes every handler there is then (absl's among them, whose stream is this process's
+    # stderr): done here, outside the call's own streams, as a process does it at its start
+    import prefect.main  # noqa: F401
     from typer.testing import CliRunner
 
     import evalsnap.cli as cli

@@ -174,7 +174,7 @@ def _one_unit(first: dict[str, Any], criteria: dict[str, Any], metric: str,
     snapshot = freeze(FreezeRequest(store_url=first["url"],
                                      eval_set_json=first["eval_set"].model_dump_json(),
                                      rules=loaded.rules, outcomes=first["outcomes"],
-                                     app_name="shop_agent"))
+                                     app_name="shop_agent"), store)
     frozen = next(c for c in repo.get_snapshot(store, snapshot).cases if c.eval_id == eval_id)
     return asyncio.run(score_unit(rule, eval_metric_for(rule, None), frozen,
                                   repo.get_inference(store, outcome.oid), loaded.registry))

@@ -127,12 +127,11 @@ def _write_local(directory: Path, name: str, data: bytes) -> str:
 _UNSAFE_IN_FILE_NAME = re.compile(r"[\x00-\x1f/\\]")
 
 
-def history_writer(store_url: str, agent_dir: str | None) -> Callable[[EvaluationRecord], str]:
+def history_writer(store: Any, agent_dir: str | None) -> Callable[[EvaluationRecord], str]:
     """Writes under ``<agent>/.adk/eval_history/`` for a local store with a known agent dir,
     else under the store's ``adk_history/<app>/`` prefix."""
 
     def write(record: EvaluationRecord) -> str:
-        store = repo.open_store(store_url)
         name, data = eval_set_result_json(store, record)
         if agent_dir and "://" not in store.url:
             return _write_local(Path(agent_dir) / ".adk" / "eval_history", name, data)

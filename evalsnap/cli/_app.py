@@ -94,11 +94,10 @@ def _storage_options(pairs: list[str] | None) -> dict[str, str]:
 
 
 def _open_store(url: str, storage_option: list[str] | None, *, write: bool = False) -> Any:
-    """Configures ``--storage-option`` for ``url`` in this process, opens the store and
-    probes it: for reading only unless the command writes (``write``), so read-only
-    credentials and mounts serve every command that only reads."""
-    repo.configure_store(url, _storage_options(storage_option))
-    store = repo.open_store(url)
+    """Opens the store of ``url`` with ``--storage-option`` (the command's own: nothing is
+    remembered in this process) and probes it: for reading only unless the command writes
+    (``write``), so read-only credentials and mounts serve every command that only reads."""
+    store = repo.open_store(url, _storage_options(storage_option))
     store.check(write=write)
     return store
 
@@ -109,9 +108,10 @@ def _print_json(value: dict[str, Any]) -> None:
 
 
 @contextmanager
-def _handled() -> Iterator[None]:
+def _handled(commits: Any = None) -> Iterator[None]:
     """Typed errors become a message on stderr and their code (2); anything else is an
-    internal error (:func:`crash_message`, code 4): :mod:`evalsnap.exitcodes`."""
+    internal error (:func:`crash_message`, code 4, naming what the run of ``commits``
+    published): :mod:`evalsnap.exitcodes`."""
 
     try:
         yield
@@ -121,18 +121,17 @@ def _handled() -> Iterator[None]:
     except (typer.Exit, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - a crash is never a quality verdict
-        crash_message(exc)
+        crash_message(exc, commits.published() if commits is not None else [])
         raise typer.Exit(exitcodes.exit_code(exitcodes.Failed(exc))) from None
 
 
-def crash_message(exc: BaseException) -> None:
-    """The traceback and one line on stderr for an internal error: what was published."""
+def crash_message(exc: BaseException, published: list[Any] | None = None) -> None:
+    """The traceback and one line on stderr for an internal error: what was published
+    (``published``: :class:`evalsnap.pipeline.commits.Published` records)."""
     import traceback
 
-    from evalsnap.pipeline.commits import published
-
     traceback.print_exception(exc, file=sys.stderr)
-    done = ", ".join(f"{p.record_oid} ({p.eval_set_id})" for p in published())
+    done = ", ".join(f"{p.record_oid} ({p.eval_set_id})" for p in published or [])
     what = (f"records {done} were published before it, and nothing else was" if done
             else "nothing partial was published")
     err.print(f"[red]internal error:[/] {escape(f'{type(exc).__name__}: {exc}')}; the run is "
@@ -154,14 +153,13 @@ def _emit(result: Summary, as_json: bool) -> None:
 
 
 @contextmanager
-def _progress(enabled: bool) -> Iterator[None]:
-    """A progress bar on stderr for the stages the flow announces (``pipeline.progress``)."""
+def _progress(enabled: bool, sink: Any) -> Iterator[None]:
+    """A progress bar on stderr for the stages the flow announces to ``sink`` (its run
+    context's :class:`~evalsnap.pipeline.progress.Progress`)."""
     if not enabled:
         yield
         return
     from rich.progress import Progress
-
-    from evalsnap.pipeline import progress
 
     with Progress(console=err, transient=True) as bar:
         ids: dict[str, Any] = {}
@@ -174,7 +172,7 @@ def _progress(enabled: bool) -> Iterator[None]:
             if advance:
                 bar.advance(ids[stage], advance)
 
-        unsubscribe = progress.subscribe(show)
+        unsubscribe = sink.subscribe(show)
         try:
             yield
         finally:
@@ -197,17 +195,16 @@ def _metrics_in(config: str | None, evalset: str | list[str] | None) -> list[str
     return [str(name) for name in criteria] if isinstance(criteria, dict) else []
 
 
-def _run_spec(spec: RunSpec, preload: list[str], storage_option: list[str] | None,
-              progress: bool) -> Summary:
-    """Runs the flow of ``spec`` in this process (:func:`evalsnap.api.run_spec`); returns its
-    summary. SIGINT, SIGTERM and SIGHUP stop it within seconds (:mod:`evalsnap.cli.signals`)."""
+def _run_spec(spec: RunSpec, preload: list[str], ctx: Any, progress: bool) -> Summary:
+    """Runs the flow of ``spec`` in this process (:func:`evalsnap.api.run_spec`) with the
+    run context ``ctx``; returns its summary. SIGINT, SIGTERM and SIGHUP stop it within
+    seconds (:mod:`evalsnap.cli.signals`: the commits of ``ctx`` are waited for)."""
     from evalsnap.api import check_store_url
     from evalsnap.cli.signals import run_stoppable
 
     check_store_url(spec.store)  # before the temporary API is waited for
-    return run_stoppable(_in_this_process, spec, preload,
-                         storage_options=_storage_options(storage_option),
-                         progress=_progress(progress))
+    return run_stoppable(_in_this_process, spec, preload, commits=ctx.commits,
+                         run_context=ctx, progress=_progress(progress, ctx.progress))
 
 
 def _in_this_process(spec: RunSpec, preload: list[str], **kwargs: Any) -> Summary:
@@ -265,13 +262,19 @@ def _stdout_kept_for_json(enabled: bool) -> Iterator[None]:
 def _flow_command(spec: RunSpec, storage_option: list[str] | None, as_json: bool) -> None:
     """Runs a flow command: the flow, its summary printed, the exit code of its gate."""
     from evalsnap.cli.signals import result_printed
+    from evalsnap.pipeline.context import RunContext
 
-    with _handled(), _stdout_kept_for_json(as_json):
+    # the run's collaborators: the CLI listens to its progress, and its signal handling
+    # and crash message watch its commits
+    ctx = RunContext(spec.store)
+    with _handled(ctx.commits), _stdout_kept_for_json(as_json):
+        # options of the store (opened when the flow starts) stay in this process
+        ctx.storage_options.update(_storage_options(storage_option))
         # With --reuse (and no --force) most units usually come from earlier runs, and
         # preloading only competes with the run for the interpreter.
         preload = (_metrics_in(spec.config, spec.evalsets)
                    if spec.force or not spec.reuse else [])
-        result = _run_spec(spec, preload, storage_option, not as_json and err.is_terminal)
+        result = _run_spec(spec, preload, ctx, not as_json and err.is_terminal)
     _emit(result, as_json)
     code = result.exit_code
     result_printed(code)  # from now on a signal ends the process with the printed code

@@ -6,7 +6,8 @@ thread never ends). On the first SIGINT, SIGTERM or SIGHUP (a closed terminal, h
 SIGTERM) the CLI
 
 1. waits (at most :data:`COMMIT_WAIT` s) for a run that is committing to finish its commit
-   (:mod:`evalsnap.pipeline.commits`), so no run is left half published;
+   (its run context's :class:`~evalsnap.pipeline.commits.Commits`), so no run is left
+   half published;
 2. stops every process it started (scoring processes, Dask workers, the temporary Prefect
    API): SIGTERM, then SIGKILL after :data:`CHILD_WAIT` s;
 3. says what was published (records named) and what is kept: finished inference and judge
@@ -32,7 +33,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from evalsnap.pipeline.commits import Commits
 
 T = TypeVar("T")
 
@@ -50,6 +54,7 @@ class _State:
     finishing = False  # the flow returned; its result is being printed
     pending: int | None = None  # a signal that arrived while the result was printed
     printed: int | None = None  # the exit code of the printed result
+    commits: Commits | None = None  # the running flow's (its run context's)
 
 
 def install_process_handlers() -> None:
@@ -84,8 +89,10 @@ def _leave_with_result(signum: int, code: int) -> None:
     startup.leave_now(code)
 
 
-def run_stoppable(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """``fn(*args, **kwargs)`` on a worker thread, stopped as above on a signal.
+def run_stoppable(fn: Callable[..., T], *args: Any, commits: Commits | None = None,
+                  **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` on a worker thread, stopped as above on a signal (waiting
+    for the run's ``commits``).
 
     Outside the main thread (signals cannot be handled there) it is a plain call."""
     if threading.current_thread() is not threading.main_thread():
@@ -99,7 +106,7 @@ def run_stoppable(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             outcome["error"] = exc
 
     worker = threading.Thread(target=target, name="evalsnap-run", daemon=True)
-    _State.started, _State.running = time.monotonic(), True
+    _State.started, _State.running, _State.commits = time.monotonic(), True, commits
     _State.finishing, _State.pending, _State.printed = False, None, None
     previous = {s: signal.signal(s, _on_signal) for s in SIGNALS}
     try:
@@ -119,7 +126,6 @@ def run_stoppable(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 def stop(signum: int, started: float) -> None:
     """Ends the process as described in the module docstring (never returns)."""
     from evalsnap import exitcodes, startup
-    from evalsnap.pipeline import commits
 
     name = signal.Signals(signum).name
     code = exitcodes.exit_code(exitcodes.Stopped(signum))
@@ -130,9 +136,10 @@ def stop(signum: int, started: float) -> None:
         stop_children()
         startup.leave_now(code)
     _say(f"evalsnap: {name} received after {time.monotonic() - started:.0f} s; stopping the run.")
-    committed = commits.hold(COMMIT_WAIT)
+    commits = _State.commits
+    committed = commits.hold(COMMIT_WAIT) if commits is not None else True
     stopped = stop_children()
-    done = commits.published()
+    done = commits.published() if commits is not None else []
     if done:
         for p in done:
             _say(f"evalsnap: record {p.record_oid} of eval set {p.eval_set_id!r} (run {p.run_id}) "

@@ -11,6 +11,7 @@ from evalsnap.agents.base import now_iso
 from evalsnap.fingerprint import case_fingerprint
 from evalsnap.pipeline.outcomes import InferenceOutcome
 from evalsnap.records import FrozenCase, MetricRule, Snapshot, repo
+from storage import Store
 
 
 class FreezeRequest(BaseModel):
@@ -26,9 +27,9 @@ class FreezeRequest(BaseModel):
     app_name: str
 
 
-def freeze(req: FreezeRequest) -> str:
-    """Writes the snapshot (write-once, content-addressed) and returns its id."""
-    store = repo.open_store(req.store_url)
+def freeze(req: FreezeRequest, store: Store) -> str:
+    """Writes the snapshot (write-once, content-addressed) to the run's ``store`` and
+    returns its id."""
     eval_set = EvalSet.model_validate_json(req.eval_set_json)
     by_case: dict[str, list[InferenceOutcome]] = {}
     for outcome in sorted(req.outcomes, key=lambda o: o.repetition):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.adk.evaluation.eval_case import EvalCase
 from google.adk.version import __version__ as ADK_VERSION
@@ -21,10 +21,13 @@ from pydantic import BaseModel, ConfigDict
 from evalsnap.adk._user_code import contained_task_factory
 from evalsnap.agents.base import LoadedAgent, now_iso
 from evalsnap.agents.lanes import load_agent, run_inference
-from evalsnap.pipeline import limits, progress, reuse, runners
+from evalsnap.pipeline import reuse, runners
 from evalsnap.pipeline.outcomes import InferenceOutcome
 from evalsnap.records import InferenceRecord, repo
 from storage import Store
+
+if TYPE_CHECKING:
+    from evalsnap.pipeline.context import RunContext
 
 
 class InferItem(BaseModel):
@@ -62,6 +65,7 @@ class InferBatch(BaseModel):
         return first if len(self.items) == 1 else f"{first} … {last} ({len(self.items)})"
 
 
+_lock = threading.Lock()
 _agents: dict[tuple[str, str | None, str | None], LoadedAgent] = {}
 _MAX_AGENTS = 8
 
@@ -92,32 +96,17 @@ def use_agent(agent: LoadedAgent, agent_dir: str, agent_name: str | None = None,
     return agent
 
 
-_lock = threading.Lock()
-_settled: dict[tuple[str, str], InferenceOutcome] = {}
-"""(run id, inference fingerprint) → a failure of this run that no retry fixes."""
-_MAX_SETTLED = 10_000
+def worth_retrying(outcomes: list[InferenceOutcome], ctx: RunContext) -> list[InferenceOutcome]:
+    """The failed outcomes of a batch that a retry could fix (not settled in ``ctx``'s run)."""
+    return [o for o in outcomes if o.status != "success" and o.fingerprint not in ctx.settled]
 
 
-def _settle(run_id: str, outcome: InferenceOutcome) -> None:
-    with _lock:
-        if len(_settled) >= _MAX_SETTLED:
-            _settled.pop(next(iter(_settled)))
-        _settled[(run_id, outcome.fingerprint)] = outcome
-
-
-def worth_retrying(batch: InferBatch, outcomes: list[InferenceOutcome]) -> list[InferenceOutcome]:
-    """The failed outcomes of ``batch`` that a retry could fix."""
-    with _lock:
-        return [o for o in outcomes if o.status != "success"
-                and (batch.run_id, o.fingerprint) not in _settled]
-
-
-async def _one(batch: InferBatch, item: InferItem, attempt: int) -> InferenceOutcome:
-    with _lock:
-        settled = _settled.get((batch.run_id, item.fingerprint))
+async def _one(batch: InferBatch, item: InferItem, attempt: int,
+               ctx: RunContext) -> InferenceOutcome:
+    settled = ctx.settled.get(item.fingerprint)
     if settled is not None:  # failed before in this run, the same way a retry would
         return settled
-    store = repo.open_store(batch.store_url)
+    store = ctx.store
     found = reuse.inference_to_use(store, item.fingerprint, reuse=batch.reuse,
                                    run_id=batch.run_id, attempt=attempt)
     if found is not None:
@@ -128,7 +117,7 @@ async def _one(batch: InferBatch, item: InferItem, attempt: int) -> InferenceOut
                                 model_calls=record.model_calls
                                 if record.run_id == batch.run_id else 0)
     case = EvalCase.model_validate_json(item.case_json)
-    async with limits.model_slot("agent"):
+    async with ctx.limiter.slot("agent"):
         record = await run_inference(agent_at(batch.agent_dir, batch.agent_name, batch.framework), case,
                                      eval_set_id=batch.eval_set_id, repetition=item.repetition,
                                      run_id=batch.run_id, attempt=attempt,
@@ -141,7 +130,7 @@ async def _one(batch: InferBatch, item: InferItem, attempt: int) -> InferenceOut
                                model_calls=record.model_calls, run_id=batch.run_id,
                                error=record.error)
     if not record.ok and record.retryable is False:
-        _settle(batch.run_id, outcome)
+        ctx.settled[item.fingerprint] = outcome
     return outcome
 
 
@@ -151,8 +140,9 @@ def _write(store: Store, record: InferenceRecord) -> str:
     return oid
 
 
-def infer_batch(batch: InferBatch, attempt: int = 1) -> list[InferenceOutcome]:
-    """Runs (or reuses) every item of ``batch``; returns their outcomes in order.
+def infer_batch(batch: InferBatch, ctx: RunContext, attempt: int = 1) -> list[InferenceOutcome]:
+    """Runs (or reuses) every item of ``batch`` in the run of ``ctx``; returns their
+    outcomes in order.
 
     Synchronous: it runs its own event loop, under one of the process's CPU slots, and
     makes what it wrote durable before it returns.
@@ -164,21 +154,21 @@ def infer_batch(batch: InferBatch, attempt: int = 1) -> list[InferenceOutcome]:
 
         async def one(item: InferItem) -> InferenceOutcome:
             async with gate:
-                outcome = await _one(batch, item, attempt)
-            progress.advance("inference")
+                outcome = await _one(batch, item, attempt, ctx)
+            ctx.progress.advance("inference")
             return outcome
 
         return list(await asyncio.gather(*(one(item) for item in batch.items)))
 
     with runners.cpu_slot():
         outcomes = asyncio.run(run_all())
-    repo.open_store(batch.store_url).flush()
+    ctx.store.flush()
     return outcomes
 
 
-def record_failures(batch: InferBatch, error: str, attempts: int) -> list[InferenceOutcome]:
+def record_failures(batch: InferBatch, error: str, attempts: int,
+                    store: Store) -> list[InferenceOutcome]:
     """Failed inferences for every item of a batch whose task failed as a whole."""
-    store = repo.open_store(batch.store_url)
     agent = agent_at(batch.agent_dir, batch.agent_name, batch.framework)
     out = []
     for item in batch.items:

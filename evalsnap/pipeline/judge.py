@@ -6,7 +6,7 @@ agent's own model (and other evaluators) are never intercepted.
 
 The wrapper (:class:`JudgeRecorder`) answers each request from one of three places:
 
-* the live judge model (under the one model-call limiter, :mod:`evalsnap.pipeline.limits`;
+* the live judge model (under the run's model-call limiter, :mod:`evalsnap.pipeline.limits`;
   transient errors retried with backoff);
 * with ``--reuse``, an earlier ledger entry with the same request key and sample index;
 * in ``replay``, only the unit's own ledger — anything else is a mismatch, and no
@@ -16,6 +16,7 @@ The wrapper (:class:`JudgeRecorder`) answers each request from one of three plac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -31,7 +32,7 @@ from google.genai import types
 from evalsnap import settings
 from evalsnap.adk.judge_adapters import JudgeAdapter, adapter_for
 from evalsnap.deadlines import exceeded
-from evalsnap.pipeline.limits import model_slot
+from evalsnap.pipeline.limits import ModelLimiter
 
 logger = logging.getLogger(__name__)
 _TRANSIENT_CODES = frozenset({408, 429, 500, 502, 503, 504})
@@ -120,9 +121,10 @@ class LedgerSource:
     strict: bool = False
 
 
-def retry_delays() -> list[float]:
-    """Backoff between judge attempts: ``EVALSNAP_RETRY_DELAYS`` (seconds), as for tasks."""
-    return list(settings.get().retry_delays)
+def retry_delays(s: settings.Settings | None = None) -> list[float]:
+    """Backoff between judge attempts: ``EVALSNAP_RETRY_DELAYS`` (seconds), as for tasks
+    (``s``: the run's settings; default: the environment's)."""
+    return list((s or settings.get()).retry_delays)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -173,6 +175,8 @@ class JudgeRecorder:
     inner: Any
     adapter: JudgeAdapter
     source: LedgerSource | None = None
+    limiter: ModelLimiter | None = None
+    """The run's model-call limiter; None: live calls are not limited."""
     calls: list[JudgeCall] = field(default_factory=list)
     mismatches: list[str] = field(default_factory=list)
     _samples: Counter[str] = field(default_factory=Counter)
@@ -248,12 +252,14 @@ class JudgeRecorder:
     async def _call_model(self, llm_request: LlmRequest, stream: bool, key: str, sample: int,
                           view: dict[str, Any], prompt: str) -> AsyncGenerator[LlmResponse, None]:
         judge_class = f"{type(self.inner).__module__}.{type(self.inner).__qualname__}"
-        delays = retry_delays()
-        timeout = settings.get().judge_call_timeout
+        s = self.limiter.settings if self.limiter is not None else settings.get()  # the run's
+        delays = retry_delays(s)
+        timeout = s.judge_call_timeout
         for attempt in range(1, len(delays) + 2):
             call = self._new_call(key, sample, view, prompt, judge_class, attempt)
             try:
-                async with model_slot("judge"):
+                async with (self.limiter.slot("judge") if self.limiter is not None
+                            else contextlib.nullcontext()):
                     responses = await self._answers(llm_request, stream, timeout)
             except Exception as exc:
                 call.error = f"{type(exc).__name__}: {exc}"
@@ -283,11 +289,13 @@ class JudgeRecorder:
                            "EVALSNAP_JUDGE_CALL_TIMEOUT") from None
 
 
-def attach_recorder(evaluator: Any, source: LedgerSource | None = None) -> JudgeRecorder | None:
+def attach_recorder(evaluator: Any, source: LedgerSource | None = None,
+                    limiter: ModelLimiter | None = None) -> JudgeRecorder | None:
     """Wraps the evaluator's judge model, if it has one."""
     inner = getattr(evaluator, "_judge_model", None)
     if inner is None:
         return None
-    recorder = JudgeRecorder(inner=inner, adapter=adapter_for(evaluator), source=source)
+    recorder = JudgeRecorder(inner=inner, adapter=adapter_for(evaluator), source=source,
+                             limiter=limiter)
     evaluator._judge_model = recorder  # noqa: SLF001 (the documented capture point)
     return recorder

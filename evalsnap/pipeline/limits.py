@@ -1,13 +1,14 @@
 """The one limiter for model calls (the agent's and the judge's).
 
-``async with limits.model_slot("judge"): ...`` holds one slot of this process's limit
-(``EVALSNAP_JUDGE_CONCURRENCY`` / ``EVALSNAP_AGENT_CONCURRENCY``) and, inside a Prefect
+``async with limiter.slot("judge"): ...`` (a :class:`ModelLimiter`, one per run, held by its
+:class:`~evalsnap.pipeline.context.RunContext`) holds one slot of the run's limit in this
+process (``EVALSNAP_JUDGE_CONCURRENCY`` / ``EVALSNAP_AGENT_CONCURRENCY``) and, inside a Prefect
 run, one slot of the Prefect global concurrency limit named by
 ``EVALSNAP_JUDGE_CONCURRENCY_LIMIT`` / ``EVALSNAP_AGENT_CONCURRENCY_LIMIT`` (default
 ``evalsnap-judge-model`` / ``evalsnap-agent-model``) if that limit exists on the server —
 so one limit holds across the tasks of a run, and across machines.
 
-The process limit is shared by every thread and event loop of the process: Prefect runs
+The limit is shared by every thread and event loop of the run in the process: Prefect runs
 each task on its own event loop, which an ``asyncio.Semaphore`` (bound to one loop) cannot
 span. A waiter is a future on its own loop, woken with ``call_soon_threadsafe``.
 """
@@ -15,15 +16,15 @@ span. A waiter is a future on its own loop, woken with ``call_soon_threadsafe``.
 from __future__ import annotations
 
 import asyncio
-import functools
 import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from evalsnap import settings
+if TYPE_CHECKING:
+    from evalsnap.settings import Settings
 
 ModelKind = Literal["agent", "judge"]
 
@@ -90,54 +91,57 @@ class ProcessLimiter:
             self.release()
 
 
-@functools.cache
-def process_limiter(kind: ModelKind) -> ProcessLimiter:
-    """This process's limiter for ``kind``'s calls."""
-    s = settings.get()
-    return ProcessLimiter(s.judge_concurrency if kind == "judge" else s.agent_concurrency)
+class ModelLimiter:
+    """The model-call limits of a run: one :class:`ProcessLimiter` per kind of call (sized
+    by ``settings``) and, inside a Prefect run, the Prefect global concurrency limits."""
 
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._limiters = {"agent": ProcessLimiter(settings.agent_concurrency),
+                          "judge": ProcessLimiter(settings.judge_concurrency)}
+        self._known: dict[str, tuple[float, bool]] = {}
+        self._lookup_lock = threading.Lock()
 
-@asynccontextmanager
-async def model_slot(kind: ModelKind) -> AsyncIterator[None]:
-    """Holds one slot of ``kind``'s process limit and, in a Prefect run, of its Prefect
-    global concurrency limit where that exists."""
-    async with process_limiter(kind).slot():
-        name = settings.get().limit_name(kind)
-        if name is None or not _in_prefect_run() or not await asyncio.to_thread(
-                _limit_exists, name):
-            yield
-            return
-        from prefect.concurrency.asyncio import concurrency
+    def limiter(self, kind: ModelKind) -> ProcessLimiter:
+        """The run's limiter for ``kind``'s calls in this process."""
+        return self._limiters[kind]
 
-        async with concurrency(name, occupy=1, strict=False):
-            yield
+    @asynccontextmanager
+    async def slot(self, kind: ModelKind) -> AsyncIterator[None]:
+        """Holds one slot of ``kind``'s limit and, in a Prefect run, of its Prefect global
+        concurrency limit where that exists."""
+        async with self._limiters[kind].slot():
+            name = self.settings.limit_name(kind)
+            if name is None or not _in_prefect_run() or not await asyncio.to_thread(
+                    self._limit_exists, name):
+                yield
+                return
+            from prefect.concurrency.asyncio import concurrency
+
+            async with concurrency(name, occupy=1, strict=False):
+                yield
+
+    def _limit_exists(self, name: str) -> bool:
+        """Asks the server at most once a minute per run (Prefect's non-strict mode would
+        warn on every acquisition of a limit that does not exist)."""
+        with self._lookup_lock:
+            cached = self._known.get(name)
+            if cached is not None and time.monotonic() - cached[0] < _LIMIT_TTL:
+                return cached[1]
+            from prefect.client.orchestration import get_client
+            from prefect.exceptions import ObjectNotFound
+
+            try:
+                with get_client(sync_client=True) as client:
+                    limit = client.read_global_concurrency_limit_by_name(name)
+                exists = bool(getattr(limit, "active", True))
+            except ObjectNotFound:
+                exists = False
+            self._known[name] = (time.monotonic(), exists)
+            return exists
 
 
 def _in_prefect_run() -> bool:
     from prefect.context import FlowRunContext, TaskRunContext
 
     return TaskRunContext.get() is not None or FlowRunContext.get() is not None
-
-
-_known: dict[str, tuple[float, bool]] = {}
-_lookup_lock = threading.Lock()
-
-
-def _limit_exists(name: str) -> bool:
-    """Asks the server at most once a minute per process (Prefect's non-strict mode would
-    warn on every acquisition of a limit that does not exist)."""
-    with _lookup_lock:
-        cached = _known.get(name)
-        if cached is not None and time.monotonic() - cached[0] < _LIMIT_TTL:
-            return cached[1]
-        from prefect.client.orchestration import get_client
-        from prefect.exceptions import ObjectNotFound
-
-        try:
-            with get_client(sync_client=True) as client:
-                limit = client.read_global_concurrency_limit_by_name(name)
-            exists = bool(getattr(limit, "active", True))
-        except ObjectNotFound:
-            exists = False
-        _known[name] = (time.monotonic(), exists)
-        return exists

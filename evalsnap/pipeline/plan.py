@@ -6,11 +6,10 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.adk.evaluation.eval_set import EvalSet
 
-from evalsnap import settings
 from evalsnap.adk.config import LoadedConfig, load_config, resolve_config
 from evalsnap.adk.evalset import load_eval_set, load_initial_session
 from evalsnap.adk.targets import EvalTarget, default_config_path, resolve_targets
@@ -20,7 +19,7 @@ from evalsnap.errors import ConfigError, InputFileError, NotFoundError, UsageErr
 from evalsnap.exitcodes import FailOn
 from evalsnap.fingerprint import inference_fingerprint, unit_fingerprint
 from evalsnap.gates import check_gate
-from evalsnap.pipeline import progress, reuse
+from evalsnap.pipeline import reuse
 from evalsnap.pipeline.freeze import FreezeRequest
 from evalsnap.pipeline.infer import InferBatch, InferItem, batches, use_agent
 from evalsnap.pipeline.outcomes import InferenceOutcome, UnitOutcome
@@ -30,6 +29,9 @@ from evalsnap.records import EvaluationRecord, Snapshot, marks, repo
 from evalsnap.records.record import Baseline, CaseStability, Coverage
 from evalsnap.spec import RunOptions, RunSpec
 
+if TYPE_CHECKING:
+    from evalsnap.pipeline.context import RunContext
+
 logger = logging.getLogger(__name__)
 
 
@@ -37,6 +39,8 @@ logger = logging.getLogger(__name__)
 class Plan:
     """A validated run: what to infer, what to score, where to store it."""
 
+    context: RunContext = field(repr=False, compare=False)
+    """The run's collaborators: its store, settings and progress sink."""
     store_url: str
     eval_set: EvalSet
     config: LoadedConfig
@@ -111,8 +115,8 @@ class Plan:
         items = [InferItem(eval_id=case_id, repetition=rep, case_json=cases[case_id].model_dump_json(),
                            fingerprint=inference_fingerprint(self.agent.identity, cases[case_id], rep))
                  for case_id in self.case_ids for rep in wanted.get(case_id, ())]
-        s = settings.get()
-        progress.expect("inference", len(items))
+        s = self.context.settings
+        self.context.progress.expect("inference", len(items))
         return [InferBatch(store_url=self.store_url, agent_dir=str(self.agent.path),
                            agent_name=self.agent_name, framework=self.framework,
                            eval_set_id=self.eval_set.eval_set_id,
@@ -124,7 +128,7 @@ class Plan:
         if self.agent is not None:
             app_name = self.agent.name
         elif outcomes:
-            app_name = repo.get_inference(repo.open_store(self.store_url), outcomes[0].oid).app_name
+            app_name = repo.get_inference(self.context.store, outcomes[0].oid).app_name
         else:
             app_name = self.eval_set.eval_set_id
         return FreezeRequest(store_url=self.store_url,
@@ -133,8 +137,8 @@ class Plan:
 
     def score_requests(self, run: RunOptions, snapshot_oid: str) -> list[ScoreRequest]:
         """One request per metric of the snapshot."""
-        snapshot = repo.get_snapshot(repo.open_store(self.store_url), snapshot_oid)
-        progress.expect("scoring", len(snapshot.cases) * len(snapshot.rules))
+        snapshot = repo.get_snapshot(self.context.store, snapshot_oid)
+        self.context.progress.expect("scoring", len(snapshot.cases) * len(snapshot.rules))
         return [ScoreRequest(
             store_url=self.store_url, snapshot_oid=snapshot_oid, metric_name=rule.metric_name,
             units_digest=reuse.units_digest([unit_fingerprint(c.case_fingerprint,
@@ -211,7 +215,7 @@ def _select_in_several(plans: list[Plan], targets: list[EvalTarget], metrics: li
     return kept
 
 
-def plan_runs(spec: RunSpec, *, good: marks.GoodFn | None = None) -> list[Plan]:
+def plan_runs(spec: RunSpec, ctx: RunContext, *, good: marks.GoodFn | None = None) -> list[Plan]:
     """One plan per eval set a run covers (:mod:`evalsnap.adk.targets`), in the order given;
     ``good`` is what ``--baseline last-good`` asks of a run (:func:`resolve_baseline`).
 
@@ -243,9 +247,9 @@ def plan_runs(spec: RunSpec, *, good: marks.GoodFn | None = None) -> list[Plan]:
     for target in targets:
         if target.config_path not in configs:
             configs[target.config_path] = load_config(target.config_path)
-    store = repo.open_store(spec.store)
+    store = ctx.store
     store.check()
-    plans = [Plan(store_url=store.url, eval_set=eval_set, config=configs[target.config_path],
+    plans = [Plan(context=ctx, store_url=store.url, eval_set=eval_set, config=configs[target.config_path],
                   agent=agent, agent_dir=str(agent.path), agent_name=agent_name,
                   framework=framework, repetitions=spec.repetitions,
                   sys_paths=[str(agent_path.parent)], repetition_gate=spec.repetition_gate,
@@ -345,7 +349,7 @@ def _config_from_snapshot(snapshot: Snapshot) -> LoadedConfig:
     return resolve_config(raw, where="<rules of the snapshot>")
 
 
-def plan_rescore(spec: RunSpec, *, good: marks.GoodFn | None = None) -> Plan:
+def plan_rescore(spec: RunSpec, ctx: RunContext, *, good: marks.GoodFn | None = None) -> Plan:
     """The plan of a rescore: the frozen inference of ``spec.source``, with the references
     of ``spec.evalsets`` (else the frozen ones) and the rules of ``spec.config`` (else the
     frozen ones); its ``code_paths`` and ``agent_dir`` are imported first, never called."""
@@ -355,7 +359,7 @@ def plan_rescore(spec: RunSpec, *, good: marks.GoodFn | None = None) -> Plan:
                                                       spec.agent_name)
     evalset = spec.evalsets[0] if spec.evalsets else None
     sys_paths: list[str] = list(spec.code_paths)
-    store = repo.open_store(spec.store)
+    store = ctx.store
     store.check()
     snapshot_oid, snapshot = resolve_snapshot(store, run_or_snapshot)
     source_note = _subset_source(store, run_or_snapshot, snapshot_oid)
@@ -384,7 +388,7 @@ def plan_rescore(spec: RunSpec, *, good: marks.GoodFn | None = None) -> Plan:
     loaded = load_config(config_path) if config_path else _config_from_snapshot(snapshot)
     new_ids = {c.eval_id for c in eval_set.eval_cases}
     frozen_ids = {c.eval_id for c in snapshot.cases}
-    plan = Plan(store_url=store.url, eval_set=eval_set, config=loaded, source=run_or_snapshot,
+    plan = Plan(context=ctx, store_url=store.url, eval_set=eval_set, config=loaded, source=run_or_snapshot,
                 agent_dir=agent_dir, agent_name=agent_name,
                 sys_paths=sys_paths,
                 skipped_cases=sorted(frozen_ids - new_ids),

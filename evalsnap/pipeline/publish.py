@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from evalsnap.agents.base import now_iso
 from evalsnap.errors import EvalsnapError
 from evalsnap.exitcodes import FailOn
-from evalsnap.pipeline import commits, efficiency
+from evalsnap.pipeline import efficiency
 from evalsnap.pipeline.outcomes import InferenceOutcome, UnitOutcome
 from evalsnap.records import (
     EvaluationRecord,
@@ -26,6 +26,9 @@ from evalsnap.records import (
 )
 from evalsnap.records.record import Baseline, Coverage, ModelPrice, TokenCounts
 from storage import Store
+
+if TYPE_CHECKING:
+    from evalsnap.pipeline.context import RunContext
 
 logger = logging.getLogger(__name__)
 
@@ -177,17 +180,19 @@ def _unscored(snapshot: Snapshot, inference: list[InferenceOutcome], units: list
     return [f"{c}/*" for c in uninferred] + missing
 
 
-def publish_request(req: PublishRequest) -> tuple[str, EvaluationRecord]:
+def publish_request(req: PublishRequest, ctx: RunContext) -> tuple[str, EvaluationRecord]:
     """:func:`publish` for a request, with the ADK history copy."""
     from evalsnap.adk.history import history_writer
 
-    return publish(req, history_writer=history_writer(req.store_url, req.agent_dir))
+    return publish(req, ctx, history_writer=history_writer(ctx.store, req.agent_dir))
 
 
-def publish(req: PublishRequest, *, history_writer: Any = None) -> tuple[str, EvaluationRecord]:
-    """Writes the record, points indexes at it, then writes the run manifest last; the
-    record's views (the HTML page, Prefect artifacts) are the caller's, after the commit."""
-    store = repo.open_store(req.store_url)
+def publish(req: PublishRequest, ctx: RunContext, *,
+            history_writer: Any = None) -> tuple[str, EvaluationRecord]:
+    """Writes the record, points indexes at it, then writes the run manifest last (the
+    commit, in ``ctx``'s commits); the record's views (the HTML page, Prefect artifacts) are
+    the caller's, after the commit."""
+    store = ctx.store
     snapshot = repo.get_snapshot(store, req.snapshot_oid)
     unit_packs = _own_packs(store, req.units, req.run_id)
     parent_oid = repo.latest_record_for(store, snapshot.eval_set_id)
@@ -283,7 +288,7 @@ def publish(req: PublishRequest, *, history_writer: Any = None) -> tuple[str, Ev
             record = record.model_copy(update={"adk_history_path": history_writer(record)})
         except Exception as exc:  # noqa: BLE001 - the interop copy must not lose the run
             logger.warning("could not write the ADK history copy: %s", exc)
-    with commits.committing():  # a signal waits for the commit to end (evalsnap.cli.signals)
+    with ctx.commits.committing():  # a signal waits for the commit to end (evalsnap.cli.signals)
         record_oid = repo.put(store, record)
         repo.index_units(store, [(o.unit_fingerprint, o.complete, o.unit_oid, o.run_id)
                                  for o in fresh + recovered], record_oid)
@@ -298,7 +303,7 @@ def publish(req: PublishRequest, *, history_writer: Any = None) -> tuple[str, Ev
             kind=req.kind, record_oid=record_oid, snapshot_oid=req.snapshot_oid,  # type: ignore[arg-type]
             objects=objects, passed=summary.passed, complete=summary.complete,
             created_at=record.created_at, full=record.full))
-        commits.mark_published(snapshot.eval_set_id, record_oid, req.run_id)
+        ctx.commits.mark_published(snapshot.eval_set_id, record_oid, req.run_id)
     return record_oid, record
 
 

@@ -29,12 +29,14 @@ __all__ = ["TASK_RUNNERS", "TaskRunnerName", "cpu_slot", "resolve_runner", "task
            "thread_runner"]
 
 
-def resolve_runner(task_runner: str | None, dask_address: str | None) -> tuple[str, str | None]:
-    """The runner name and scheduler address to use: arguments, else settings, else threads.
+def resolve_runner(task_runner: str | None, dask_address: str | None,
+                   s: settings.Settings | None = None) -> tuple[str, str | None]:
+    """The runner name and scheduler address to use: arguments, else settings (``s``, the
+    run's; default: the environment's), else threads.
 
     An address alone implies ``dask``.
     """
-    s = settings.get()
+    s = s or settings.get()
     address = dask_address or s.dask_address or None
     name = task_runner or s.task_runner or ("dask" if address else "threads")
     if name not in TASK_RUNNERS:
@@ -68,7 +70,7 @@ def thread_runner() -> Any:
     return ThreadPoolTaskRunner(max_workers=settings.get().max_workers)
 
 
-def _dask_runner(address: str | None) -> Any:
+def _dask_runner(address: str | None, s: settings.Settings) -> Any:
     try:
         from prefect_dask import DaskTaskRunner
     except ImportError as exc:  # pragma: no cover - prefect-dask is a dependency
@@ -78,26 +80,27 @@ def _dask_runner(address: str | None) -> Any:
         return DaskTaskRunner(address=address)
     # Processes, one thread each: ADK agents and custom metrics need not be thread-safe.
     cluster_kwargs: dict[str, Any] = {"processes": True, "threads_per_worker": 1}
-    if settings.get().dask_workers:
-        cluster_kwargs["n_workers"] = settings.get().dask_workers
+    if s.dask_workers:
+        cluster_kwargs["n_workers"] = s.dask_workers
     return DaskTaskRunner(cluster_kwargs=cluster_kwargs)
 
 
 @contextmanager
-def task_runner_scope(task_runner: str | None = None,
-                      dask_address: str | None = None) -> Iterator[str]:
+def task_runner_scope(task_runner: str | None = None, dask_address: str | None = None,
+                      s: settings.Settings | None = None) -> Iterator[str]:
     """Inside a running flow: submit this block's tasks through the chosen runner.
 
     Yields the runner's name. With ``threads`` the flow's own (bounded thread) runner is
     kept. Otherwise the runner is started here and shut down on exit, after the block
-    has waited for its futures.
+    has waited for its futures. ``s``: the run's settings (default: the environment's).
     """
     from prefect.context import FlowRunContext
 
-    name, address = resolve_runner(task_runner, dask_address)
+    s = s or settings.get()
+    name, address = resolve_runner(task_runner, dask_address, s)
     ctx = FlowRunContext.get()
     if name == "threads" or ctx is None:
         yield name
         return
-    with _dask_runner(address) as runner, ctx.model_copy(update={"task_runner": runner}):
+    with _dask_runner(address, s) as runner, ctx.model_copy(update={"task_runner": runner}):
         yield name

@@ -13,18 +13,22 @@ import json
 import sys
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from evalsnap import settings
 from evalsnap.adk.config import LoadedConfig, resolve_config
 from evalsnap.deadlines import metric_timeout
 from evalsnap.errors import ConfigError
-from evalsnap.pipeline import efficiency, ledger, progress, reuse
+from evalsnap.pipeline import efficiency, ledger, reuse
 from evalsnap.pipeline.outcomes import UnitOutcome
 from evalsnap.pipeline.unit import not_evaluated, score_unit
 from evalsnap.records import FrozenCase, LedgerEntry, MetricRule, ScoreUnit, pack, repo
 from storage import Store
+
+if TYPE_CHECKING:
+    from evalsnap.pipeline.context import RunContext
+    from evalsnap.settings import Settings
 
 
 class ScoreRequest(BaseModel):
@@ -77,13 +81,13 @@ def ensure_paths(paths: list[str]) -> None:
             sys.path.insert(0, p)
 
 
-def units_in_flight(rule: MetricRule, concurrency: int) -> int:
+def units_in_flight(rule: MetricRule, concurrency: int, s: Settings) -> int:
     """Units a metric task scores at once: ``concurrency``, or, for a judge metric, as many
     as the process's judge limit has slots. A judge unit asks its samples one after the
     other, so at ``concurrency`` units the last judge metric still running would use only
     ``concurrency`` of the limit's slots; the limit, not the unit count, bounds the calls."""
     if rule.judge:
-        return max(concurrency, settings.get().judge_concurrency)
+        return max(concurrency, s.judge_concurrency)
     return concurrency
 
 
@@ -107,11 +111,11 @@ def import_agent(agent_dir: str | None, agent_name: str | None = None) -> None:
         agent_at(agent_dir, agent_name)
 
 
-async def score_metric_async(req: ScoreRequest,
+async def score_metric_async(req: ScoreRequest, ctx: RunContext,
                              on_unit: Callable[[], None] | None = None) -> list[UnitOutcome]:
     ensure_paths(req.sys_paths)
     import_agent(req.agent_dir, req.agent_name)
-    store = repo.open_store(req.store_url)
+    store = ctx.store
     snapshot = repo.get_snapshot(store, req.snapshot_oid)
     rule = snapshot.rule(req.metric_name)
     live = live_config(req.config_json, req.config_where)
@@ -122,7 +126,7 @@ async def score_metric_async(req: ScoreRequest,
             f"config {req.config_where}; evaluators come only from the live config, so freeze "
             "again.")
     eval_metric = live.eval_metric(rule)
-    gate = asyncio.Semaphore(units_in_flight(rule, req.concurrency))
+    gate = asyncio.Semaphore(units_in_flight(rule, req.concurrency, ctx.settings))
     judge_source = reuse.judge_answers(store, reuse=req.reuse, force=req.force)
 
     async def one(frozen: FrozenCase) -> UnitOutcome:
@@ -141,9 +145,11 @@ async def score_metric_async(req: ScoreRequest,
             unit, recorder = await score_unit(rule, eval_metric, frozen, inference,
                                               live.registry, run_id=req.run_id,
                                               judge_source=judge_source,
+                                              limiter=ctx.limiter,
                                               inference_is_private=True,
                                               timeout=metric_timeout(live.timeouts,
-                                                                     rule.metric_name))
+                                                                     rule.metric_name,
+                                                                     ctx.settings))
         reused_samples = 0
         entries: list[LedgerEntry] = []
         if recorder is not None:
@@ -188,11 +194,11 @@ def packed(store: Store, outcomes: list[UnitOutcome], run_id: str) -> list[UnitO
             and o.run_id == run_id else o for o in outcomes]
 
 
-def units_lost(req: ScoreRequest, reason: str) -> list[UnitOutcome]:
+def units_lost(req: ScoreRequest, reason: str, ctx: RunContext) -> list[UnitOutcome]:
     """A metric whose scoring process died (a metric's ``os._exit``, the OOM killer): each of
     its units is reused where reuse allows and is otherwise NOT_EVALUATED with ``reason`` —
     incomplete, so never reused, and scored again by the next run."""
-    store = repo.open_store(req.store_url)
+    store = ctx.store
     snapshot = repo.get_snapshot(store, req.snapshot_oid)
     rule = snapshot.rule(req.metric_name)
     outcomes = []
@@ -204,14 +210,14 @@ def units_lost(req: ScoreRequest, reason: str) -> list[UnitOutcome]:
             unit = not_evaluated(rule, frozen, req.run_id, reason)
             reused = _outcome(unit, repo.put(store, unit), why)
         outcomes.append(reused)
-        progress.advance("scoring")
+        ctx.progress.advance("scoring")
     store.flush()
     return outcomes
 
 
-def score_metric(req: ScoreRequest) -> list[UnitOutcome]:
-    """Scores (or reuses) every unit of one metric; synchronous, on its own event loop,
-    durable before it returns."""
-    outcomes = asyncio.run(score_metric_async(req, lambda: progress.advance("scoring")))
-    repo.open_store(req.store_url).flush()
+def score_metric(req: ScoreRequest, ctx: RunContext) -> list[UnitOutcome]:
+    """Scores (or reuses) every unit of one metric in the run of ``ctx``; synchronous, on
+    its own event loop, durable before it returns."""
+    outcomes = asyncio.run(score_metric_async(req, ctx, lambda: ctx.progress.advance("scoring")))
+    ctx.store.flush()
     return outcomes

@@ -18,6 +18,7 @@ from evalsnap.agents.base import now_iso
 from evalsnap.deadlines import DeadlineExceeded, exceeded, metric_timeout
 from evalsnap.fingerprint import unit_fingerprint
 from evalsnap.pipeline.judge import JudgeRecorder, LedgerSource, attach_recorder
+from evalsnap.pipeline.limits import ModelLimiter
 from evalsnap.records import FrozenCase, InferenceRecord, MetricRule, ScoreUnit, UnitRow
 
 
@@ -105,13 +106,15 @@ async def score_unit(
     *,
     run_id: str = "",
     judge_source: LedgerSource | None = None,
+    limiter: ModelLimiter | None = None,
     inference_is_private: bool = False,
     timeout: tuple[float, str] | None = None,
 ) -> tuple[ScoreUnit, JudgeRecorder | None]:
     """Scores ``rule`` on ``frozen``; never raises for a metric's own failure.
 
     ``judge_source`` answers judge requests from a ledger (``--reuse``, or ``replay``
-    where it is strict); live judge calls go through :mod:`evalsnap.pipeline.limits`.
+    where it is strict); live judge calls go through the run's ``limiter``
+    (:mod:`evalsnap.pipeline.limits`; None: not limited, as in ``replay``, which calls none).
     Evaluators get copies, so nothing they do reaches a persisted input; a caller whose
     ``inference`` was parsed for this call alone says ``inference_is_private=True`` and
     saves the deep copy (it was the largest cost of scoring). ``timeout`` (seconds, and the
@@ -136,7 +139,7 @@ async def score_unit(
     recorder = None
     try:
         evaluator = registry.get_evaluator(eval_metric)
-        recorder = attach_recorder(evaluator, judge_source)
+        recorder = attach_recorder(evaluator, judge_source, limiter)
         context = make_context(inference.initial_session_state, inference.final_session_state,
                                reference.final_session_state)
         seconds, setting = timeout or metric_timeout({}, rule.metric_name)

@@ -19,13 +19,12 @@ cannot be read is skipped by ``latest`` and ``ls`` and reported by ``verify``.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import hashlib
 import json
 import logging
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Annotated, Any, TypeVar
 
@@ -53,60 +52,19 @@ from storage.ids import OID_PATTERN
 logger = logging.getLogger(__name__)
 M = TypeVar("M", bound=StoredModel)
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
-_stores: dict[tuple[str, str], Store] = {}
-_options: dict[str, dict[str, str]] = {}
-_lock = threading.Lock()
 #: A manifest that cannot be used as one: damaged, newer, or deleted since it was listed.
 UNREADABLE_MANIFEST = (CorruptRecordError, CorruptObjectError, UnsupportedSchemaVersion,
                        NotFoundError)
 
 
-def configure_store(url: str, storage_options: dict[str, str] | None) -> None:
-    """Remembers storage options for ``url`` in this process (never passed to Prefect)."""
-    with _lock:
-        _options[url] = dict(storage_options or {})
-
-
-def storage_options_of(url: str) -> dict[str, str]:
-    """The options ``configure_store`` recorded for ``url`` in this process (a copy)."""
-    return dict(_options.get(url, {}))
-
-
-def open_store(url: str) -> Store:
-    """One Store per URL and process; options come from ``configure_store`` or env chains."""
-    opts = _options.get(url, {})
-    key = (url, json.dumps(opts, sort_keys=True))
-    with _lock:
-        if key not in _stores:
-            # fsyncs are batched: each task flushes what it wrote, and the run manifest
-            # (a commit) flushes before it is written; see Store.flush
-            store = Store(url, storage_options=opts or None, durability="batch",
-                          timeout=settings.get().store_timeout)
-            # one instance per location however it is spelt (./s and /abs/s): its per-run
-            # read cache and request counts are the run's
-            same = (store.url, key[1])
-            _stores[key] = _stores.setdefault(same, store)
-            _options.setdefault(store.url, dict(opts))
-        return _stores[key]
-
-
-def begin_run(url: str) -> Store:
-    """The store of a run that starts now: what this process learnt of it before (read
-    cache, proofs, request counts) is forgotten, so the run reads what the store holds."""
-    store = open_store(url)
-    store.new_run()
-    return store
-
-
-@contextlib.contextmanager
-def run_scope(url: str) -> Iterator[Store]:
-    """A run's use of the store: :func:`begin_run`, and after the run, nothing remembered
-    (a later command in this process reads the store afresh)."""
-    store = begin_run(url)
-    try:
-        yield store
-    finally:
-        store.end_run()
+def open_store(url: str, storage_options: dict[str, str] | None = None, *,
+               timeout: float | None = None) -> Store:
+    """A new Store for ``url`` (a run's comes from its run context,
+    :class:`evalsnap.pipeline.context.RunContext`); options, else the backend's env chains."""
+    # fsyncs are batched: each task flushes what it wrote, and the run manifest (a commit)
+    # flushes before it is written; see Store.flush
+    return Store(url, storage_options=storage_options or None, durability="batch",
+                 timeout=settings.get().store_timeout if timeout is None else timeout)
 
 
 def hexof(fp: str) -> str:
@@ -166,34 +124,53 @@ def get(store: Store, cls: type[M], oid: str) -> M:
     return cls.from_bytes(data, where=oid)
 
 
-@functools.lru_cache(maxsize=64)
-def _cached_snapshot(url: str, oid: str) -> Snapshot:
-    return get(open_store(url), Snapshot, oid)
+class _Parsed:
+    """Parsed immutable objects of one store instance, bounded (oldest forgotten first)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._items: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, oid: str, parse: Any) -> Any:
+        with self._lock:
+            if oid in self._items:
+                self._items.move_to_end(oid)
+                return self._items[oid]
+        value = parse()
+        with self._lock:
+            self._items[oid] = value
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+        return value
+
+
+def _parsed(store: Store, what: str, size: int) -> _Parsed:
+    """The store's memo of parsed ``what`` (in its per-run scratch: a new run starts empty)."""
+    memo = store.run_memo.get(f"parsed {what}")
+    if memo is None:
+        memo = store.run_memo.setdefault(f"parsed {what}", _Parsed(size))
+    return memo  # type: ignore[no-any-return]
 
 
 def get_snapshot(store: Store, oid: str) -> Snapshot:
-    """Snapshots are immutable: cache per process (each metric task reads the same one)."""
-    return _cached_snapshot(store.url, oid)
-
-
-@functools.lru_cache(maxsize=4096)
-def _cached_unit(url: str, oid: str) -> ScoreUnit:
-    return get(open_store(url), ScoreUnit, oid)
+    """Snapshots are immutable: parsed once per run (each metric task reads the same one)."""
+    return _parsed(store, "snapshots", 64).get(  # type: ignore[no-any-return]
+        oid, lambda: get(store, Snapshot, oid))
 
 
 def get_unit_shared(store: Store, oid: str) -> ScoreUnit:
-    """A score unit parsed once per process, for readers that never modify it (reports,
-    the ADK history copy): a run's summary, history and artifacts read every unit."""
-    return _cached_unit(store.url, oid)
+    """A score unit parsed once per run, for readers that never modify it (reports, the
+    ADK history copy): a run's summary, history and artifacts read every unit."""
+    return _parsed(store, "units", 4096).get(  # type: ignore[no-any-return]
+        oid, lambda: get(store, ScoreUnit, oid))
 
 
 def get_inference(store: Store, oid: str) -> InferenceRecord:
     return get(store, InferenceRecord, oid)
 
 
-@functools.lru_cache(maxsize=65536)
-def _inference_run_id(url: str, oid: str) -> str:
-    store = open_store(url)
+def _inference_run_id(store: Store, oid: str) -> str:
     try:
         raw = parse_stored(store.get_object(InferenceRecord.KIND, oid), what=f"inference {oid}")
     except (ObjectNotFound, CorruptRecordError):
@@ -206,10 +183,10 @@ def _inference_run_id(url: str, oid: str) -> str:
 
 def inference_run_id(store: Store, oid: str) -> str:
     """The run that made an inference, read without validating the whole conversation (a
-    rescore's plan needs it for every case, twice: in the CLI and in the flow). Objects are
-    immutable, so it is remembered per process; a missing or unreadable object gets the
-    same typed error as :func:`get_inference`."""
-    return _inference_run_id(store.url, oid)
+    rescore's plan needs it for every case). Objects are immutable, so it is remembered per
+    run; a missing or unreadable object gets the same typed error as :func:`get_inference`."""
+    return _parsed(store, "inference run ids", 65536).get(  # type: ignore[no-any-return]
+        oid, lambda: _inference_run_id(store, oid))
 
 
 # ---- indexes: small JSON refs, hints only ---------------------------------------------------
