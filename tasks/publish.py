@@ -15,6 +15,7 @@ from evalsnap.reports.html import report_link, store_report
 from evalsnap.reports.site import refresh as refresh_site
 from evalsnap.reports.summary import summary
 from evalsnap.reports.summary_model import RecordResult
+from tasks.support import current_flow_run_url
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ def publish_task(request: PublishRequest) -> RecordResult:
     link: tuple[str | None, int | None] = (None, None)
     page = None
     try:  # the HTML report beside the record (v1/refs/reports/<record hex>.html)
-        page = store_report(store, record_oid, record)
+        page = store_report(store, record_oid, record, flow_run_url=current_flow_run_url())
         link = report_link(store, record_oid)
     except Exception as exc:  # noqa: BLE001 - a view of the record must not lose the run
         logger.warning("could not write the HTML report of record %s: %s", record_oid, exc)

@@ -279,15 +279,11 @@ def emit_run_events(result: Summary, store_url: str) -> None:
     ``evalsnap.run.regressed`` too when it regressed against its baseline; the resource is
     the record, labelled with eval set, store, record and run (automations match them)."""
     from prefect.events import emit_event
-    from prefect.runtime import flow_run
 
     from evalsnap.reports.regressions import gate_message
     from evalsnap.reports.summary_model import parts
 
-    try:
-        flow_run_url = flow_run.ui_url  # None outside a flow run (or without a UI URL)
-    except Exception:  # noqa: BLE001 - a link is a view; the events still go
-        flow_run_url = None
+    flow_run_url = current_flow_run_url()
 
     for part in parts(result):
         outcome = ("incomplete" if not part.complete else
@@ -367,3 +363,15 @@ def _run_logger() -> Any:
         return get_run_logger()
     except MissingContextError:
         return logger
+
+
+def current_flow_run_url() -> str | None:
+    """The Prefect UI's page of the flow run this runs in; None outside a flow run or
+    without a UI URL (a link is a view: never an error)."""
+    from prefect.runtime import flow_run
+
+    try:
+        url = flow_run.ui_url
+    except Exception:  # noqa: BLE001 - a link is a view; what needs it goes on without
+        return None
+    return url if isinstance(url, str) and url else None

@@ -9,6 +9,8 @@ Every number the tests expect is computed from ``show --json`` of the same recor
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
@@ -171,8 +173,12 @@ def test_report_html_numbers_equal_the_record(made: dict[str, Any], tmp_path: Pa
     assert str(out) in r.stdout
     text = out.read_text("utf-8")
     check_numbers(parse_page(text), made["show"]["b"], made["b"])
-    # self-contained: nothing to fetch, nothing to run
-    assert "<script" not in text.lower() and "http://" not in text and "https://" not in text
+    # self-contained: nothing to fetch, nothing to run; the one URL out is the link (an
+    # anchor, followed only when clicked) to the flow run that published it
+    links_out = re.findall(r'<a href="(https?://[^"]*)" data-link="flow-run">', text)
+    assert len(links_out) == 1, links_out
+    rest = text.replace(f'<a href="{links_out[0]}"', "")
+    assert "<script" not in text.lower() and "http://" not in rest and "https://" not in rest
     assert "default-src 'none'" in text
 
 
@@ -271,6 +277,53 @@ def test_every_run_publishes_its_report_after_its_commit(made: dict[str, Any]) -
         check_numbers(page, made["show"][name], made[name])
     # B's trend shows A then B
     assert page.trend_points["response_match_score"] == [made["a"]["run_id"], made["b"]["run_id"]]
+
+
+def test_the_page_has_the_duration_and_links_its_flow_run(made: dict[str, Any]) -> None:
+    """The page says how long the run took and links the Prefect flow run that published
+    it (the server's UI page of a flow run that exists); made again by `report
+    --store-page`, it still does (the link is kept in the history point)."""
+    import asyncio
+    import uuid
+
+    from prefect.client.orchestration import get_client
+
+    from evalsnap.reports.history import duration
+
+    store = Path(made["store"])
+    hexid = made["b"]["record_id"].removeprefix("sha256:")
+    page_file = store / "v1" / "refs" / "reports" / f"{hexid}.html"
+    shown = made["show"]["b"]
+    seconds = duration(made["b"]["run_id"], shown["record"]["created_at"])
+    assert seconds is not None and seconds < 600, made["b"]["run_id"]
+    page = parse_page(page_file.read_text("utf-8"))
+    assert page.fields["duration"] == (f"{seconds:.0f} s" if seconds < 120
+                                       else f"{seconds / 60:.1f} min")
+    found = re.search(r'<a href="([^"]+)" data-link="flow-run">', page_file.read_text("utf-8"))
+    assert found, "expected a link to the flow run"
+    ui = os.environ["PREFECT_API_URL"].removesuffix("/api")
+    assert found[1].startswith(f"{ui}/"), found[1]
+    run_id = found[1].rsplit("/", 1)[-1]
+
+    async def read() -> Any:
+        async with get_client() as client:
+            return await client.read_flow_run(uuid.UUID(run_id))
+
+    assert asyncio.run(read()).state.is_final()
+    page_file.unlink()
+    again = run_inproc("report", made["b"]["run_id"], "--store", made["store"], "--store-page")
+    assert again.code == 0, again.stderr[-2000:]
+    assert f'<a href="{found[1]}" data-link="flow-run">' in page_file.read_text("utf-8")
+    # a crafted point cannot make the page link anything but a web page
+    point_file = page_file.with_suffix(".json")
+    point = json.loads(point_file.read_text("utf-8"))
+    point_file.write_text(json.dumps({**point, "flow_run_url": "javascript:alert(1)"}), "utf-8")
+    html_out = Path(made["root"]) / "crafted.html"
+    crafted = run_inproc("report", made["b"]["run_id"], "--store", made["store"], "--html",
+                         str(html_out))
+    assert crafted.code == 0, crafted.stderr[-2000:]
+    assert "javascript:" not in html_out.read_text("utf-8")
+    point_file.write_text(json.dumps(point), "utf-8")
 
 
 def test_summary_artifact_links_the_report(made: dict[str, Any]) -> None:

@@ -72,7 +72,7 @@ def report(
         base = _baseline(s, rec, baseline) if baseline else None
         written = []
         if store_page:
-            store_report(s, oid, rec)
+            store_report(s, oid, rec, again=True)
             written.append(report_url(s, oid))
         if html_out:
             page = render(s, oid, rec, trend_runs=last, baseline_oid=base)

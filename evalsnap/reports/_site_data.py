@@ -16,7 +16,6 @@ own baseline.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import re
 from typing import Any, Literal
@@ -27,7 +26,7 @@ from evalsnap.errors import EvalsnapError
 from evalsnap.records import EvaluationRecord, repo
 from evalsnap.records._base import parse_stored
 from evalsnap.records.repo import UNREADABLE_MANIFEST
-from evalsnap.reports.history import _saved_point, run_point, runs_by_set
+from evalsnap.reports.history import _saved_point, duration, run_point, runs_by_set
 from evalsnap.reports.summary import subset_text, summary
 from evalsnap.reports.summary_model import RecordResult
 
@@ -38,7 +37,6 @@ SITE = "site"
 _DATA_LIMIT = 64 << 20
 #: Runs whose case statuses a row keeps (the per-case history shows this many).
 CASE_RUNS = 30
-_STARTED = re.compile(r"^(\d{8}T\d{6})Z-")
 
 
 class MetricRate(BaseModel):
@@ -101,22 +99,6 @@ def page_name(value: str) -> str:
     import hashlib
 
     return f"{slug}-{hashlib.sha256(value.encode()).hexdigest()[:12]}"
-
-
-def duration(run_id: str, created_at: str) -> float | None:
-    """Seconds from the start evalsnap's run ids begin with (``20261202T031500Z-…``) to the
-    record's creation; None for another id."""
-    found = _STARTED.match(run_id)
-    try:
-        start = dt.datetime.strptime(found.group(1), "%Y%m%dT%H%M%S").replace(tzinfo=dt.UTC) \
-            if found else None
-        end = dt.datetime.fromisoformat(created_at) if created_at else None
-    except ValueError:
-        return None
-    if start is None or end is None:
-        return None
-    seconds = (end if end.tzinfo else end.replace(tzinfo=dt.UTC)) - start
-    return max(seconds.total_seconds(), 0.0)
 
 
 def run_row(store: Any, record_oid: str, record: EvaluationRecord,

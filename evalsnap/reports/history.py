@@ -9,12 +9,14 @@ passed. The mean score is the mean of the metrics' own overall scores that are n
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
+import re
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 
 from evalsnap.errors import EvalsnapError
 from evalsnap.records import EvaluationRecord, repo
@@ -59,10 +61,33 @@ class _RunPoint(BaseModel):
     cases: int
     units: int
     metrics: dict[str, _MetricPoint]
+    # the Prefect UI's page of the flow run that published it: a web link, nothing else (a
+    # page links it; a crafted point must not put a javascript: or data: URL there)
+    flow_run_url: Annotated[str, StringConstraints(pattern=r"^https?://[^\s\"<>]+$",
+                                                   max_length=2048)] | None = None
 
 
 def point_name(record_oid: str) -> str:
     return f"{repo.hexof(record_oid)}.json"
+
+
+_STARTED = re.compile(r"^(\d{8}T\d{6})Z-")
+
+
+def duration(run_id: str, created_at: str) -> float | None:
+    """Seconds from the start evalsnap's run ids begin with (``20261202T031500Z-…``) to the
+    record's creation; None for another id."""
+    found = _STARTED.match(run_id)
+    try:
+        start = dt.datetime.strptime(found.group(1), "%Y%m%dT%H%M%S").replace(tzinfo=dt.UTC) \
+            if found else None
+        end = dt.datetime.fromisoformat(created_at) if created_at else None
+    except ValueError:
+        return None
+    if start is None or end is None:
+        return None
+    seconds = (end if end.tzinfo else end.replace(tzinfo=dt.UTC)) - start
+    return max(seconds.total_seconds(), 0.0)
 
 
 def save_point(store: Any, point: dict[str, Any]) -> None:

@@ -28,7 +28,16 @@ import jinja2
 from evalsnap.aggregates import record_gate
 from evalsnap.errors import EvalsnapError
 from evalsnap.records import EvaluationRecord, repo
-from evalsnap.reports.history import PASSING, REPORTS, history, metric_names, run_point, save_point
+from evalsnap.reports.history import (
+    PASSING,
+    REPORTS,
+    _saved_point,
+    duration,
+    history,
+    metric_names,
+    run_point,
+    save_point,
+)
 from evalsnap.reports.show import full_record
 
 #: Runs of the eval set the trend shows, this one included.
@@ -85,16 +94,30 @@ def report_url(store: Any, record_oid: str) -> str:
     return report_link(store, record_oid)[0]
 
 
-def store_report(store: Any, record_oid: str, record: EvaluationRecord) -> dict[str, Any]:
+def store_report(store: Any, record_oid: str, record: EvaluationRecord, *,
+                 flow_run_url: str | None = None, again: bool = False) -> dict[str, Any]:
     """Writes the history point and the page of a record beside it (``v1/refs/reports/
     <record hex>.json`` and ``.html``, the page as ``text/html; charset=utf-8``); returns
-    the page's :func:`page_context` (the site's run page is made from it)."""
+    the page's :func:`page_context` (the site's run page is made from it). ``flow_run_url``:
+    the Prefect UI's page of the flow run publishing it, kept in the point, so that the
+    page made ``again`` later (``evalsnap report --store-page``) still links it."""
     point = run_point(store, record_oid, record)
+    if again and flow_run_url is None:
+        flow_run_url = (_saved_point(store, record_oid, record) or {}).get("flow_run_url")
+    if flow_run_url and flow_run_url.startswith(("https://", "http://")):
+        point["flow_run_url"] = flow_run_url
     save_point(store, point)
     context = page_context(store, record_oid, record, current=point)
     store.put_ref(REPORTS, report_name(record_oid), template().render(**context).encode(),
                   content_type="text/html; charset=utf-8")
     return context
+
+
+def duration_text(seconds: float | None) -> str:
+    """A run's duration as a person reads it (``—``: not known)."""
+    if seconds is None:
+        return "—"
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 def changes(store: Any, record_oid: str, record: EvaluationRecord,
@@ -293,7 +316,10 @@ def page_context(store: Any, record_oid: str, record: EvaluationRecord, *,
             baseline_oid = f"{baseline_oid} (run {base_run})"
     except EvalsnapError as exc:
         moved, baseline_oid = {}, f"{baseline_oid} (unreadable: {exc})"
-    current = current or run_point(store, record_oid, record)
+    # the stored point when there is one (as the trend reads it; it also keeps the link to
+    # the flow run that published the record), else computed from the units
+    current = current or _saved_point(store, record_oid, record) \
+        or run_point(store, record_oid, record)
     if earlier is None:
         earlier = history(store, record.eval_set_id, last=trend_runs - 1,
                           until=record.created_at, exclude_run=record.run_id)
@@ -307,7 +333,9 @@ def page_context(store: Any, record_oid: str, record: EvaluationRecord, *,
              ("agent", "agent", f"{record.app_name} (root agent {agent})"),
              ("store", "store", store.url), ("record", "record_id", record_oid),
              ("run", "run_id", f"{record.run_id} ({record.kind})"),
-             ("when", "created_at", record.created_at), ("snapshot", "snapshot_id", record.snapshot_oid),
+             ("when", "created_at", record.created_at),
+             ("duration", "duration", duration_text(duration(record.run_id, record.created_at))),
+             ("snapshot", "snapshot_id", record.snapshot_oid),
              ("compared with", "baseline", baseline_oid or "— (no earlier record)"),
              ("covers", "coverage", _coverage(record)),
              ("agent model calls", "agent_calls", s.agent_calls),
@@ -346,4 +374,5 @@ def page_context(store: Any, record_oid: str, record: EvaluationRecord, *,
         count={v: sum(1 for x in verdicts.values() if x == v) for v in rank},
         n_regressed=sum(1 for c in moved.values() if c == "regressed"),
         n_fixed=sum(1 for c in moved.values() if c == "fixed"),
-        metrics=metrics, points=points, cases=cases, nav=[], point=current)
+        metrics=metrics, points=points, cases=cases, nav=[], point=current,
+        flow_run_url=current.get("flow_run_url"))

@@ -32,7 +32,7 @@ from evalsnap.records import EvaluationRecord, repo
 from evalsnap.reports import _site_data as data
 from evalsnap.reports._site_data import CASE_RUNS, RunRow, SetData, page_name
 from evalsnap.reports.history import flips, metric_names, runs_by_set
-from evalsnap.reports.html import _dots, page_context, template
+from evalsnap.reports.html import _dots, duration_text, page_context, template
 from evalsnap.reports.summary_model import RecordResult
 
 __all__ = ["CONTENT_TYPE", "after_gc", "build", "forget", "refresh", "run_pages", "set_pages", "write_dir"]
@@ -56,16 +56,10 @@ def _render(name: str, **values: Any) -> bytes:
     return template(name).render(**values).encode("utf-8")
 
 
-def _minutes(seconds: float | None) -> str:
-    if seconds is None:
-        return "—"
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
-
-
 def _row(r: RunRow, up: str) -> dict[str, Any]:
     """A run's values for a table (``up``: the relative way back to the site's root)."""
     return {**r.model_dump(), "when": r.created_at[:16].replace("T", " "),
-            "href": f"{up}{_run_dir(r.run_id)}/index.html", "duration_text": _minutes(r.duration),
+            "href": f"{up}{_run_dir(r.run_id)}/index.html", "duration_text": duration_text(r.duration),
             "verdict": "passed" if r.passed else "failed" if r.complete else "incomplete",
             "cost_text": f"{r.cost:.6f}" if r.cost is not None else "—",
             "metrics": {n: m.model_dump() for n, m in r.metrics.items()}}
@@ -140,7 +134,10 @@ def run_pages(store: Any, record_oid: str, record: EvaluationRecord, *,
     for c in ctx["cases"]:
         c["href"] = f"cases/{page_name(c['case']['eval_id'])}.html"
         by_case.setdefault(c["case"]["eval_id"], []).append(c)
-    pages = {f"{base}/index.html": _render("report.html", **{**ctx, "nav": nav})}
+    # every link of the site is relative (it opens from any base); the flow run's link is
+    # on the stored report and the Prefect artifacts
+    pages = {f"{base}/index.html": _render("report.html",
+                                            **{**ctx, "nav": nav, "flow_run_url": None})}
     back = [("run " + record.run_id, "../index.html")] + [(label, "../" + href) for label, href in nav]
     for eval_id, reps in by_case.items():
         pages[f"{base}/cases/{page_name(eval_id)}.html"] = _render(
