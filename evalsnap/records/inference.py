@@ -27,8 +27,6 @@ class InferenceRecord(StoredModel):
     KIND: ClassVar[str] = "inference"
     SCHEMA_VERSION: ClassVar[int] = 1
 
-    schema_version: int = 1
-    """Format version of this record."""
     inference_fingerprint: str
     """Agent identity + case inputs + repetition + google-adk version."""
     eval_set_id: str

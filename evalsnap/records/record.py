@@ -8,21 +8,23 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from evalsnap.exitcodes import FailOn
-from evalsnap.records._base import StoredModel
+from evalsnap.records._base import CaseRepetition, StoredModel
 
 
-class UnitRef(BaseModel):
-    """A unit in a record: where its result lives and why it was (re)computed."""
+class UnitKey(CaseRepetition):
+    """A scored unit: its case × repetition and metric, where it lives and its fingerprints
+    (the first fields of a record's unit and of what a scoring task returns)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    eval_id: str
-    repetition: int = 0
     metric_name: str
     unit_oid: str
     unit_fingerprint: str
     case_fingerprint: str
     rule_fingerprint: str
+
+
+class UnitRef(UnitKey):
+    """A unit in a record: where its result lives and why it was (re)computed."""
+
     reused: bool
     reused_from_run: str | None = None
     """Run that scored the unit, when reused."""
@@ -76,13 +78,16 @@ class ModelPrice(BaseModel):
     output_per_million: float
 
 
-class InferenceRef(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class InferenceKey(CaseRepetition):
+    """A stored inference: its case × repetition, where it lives and its fingerprint (the
+    first fields of a record's inference and of a snapshot's frozen case)."""
 
-    eval_id: str
-    repetition: int = 0
     inference_oid: str
+    """Object id of the InferenceRecord (its content hash)."""
     inference_fingerprint: str
+
+
+class InferenceRef(InferenceKey):
     status: Literal["success", "failure"]
     reused: bool
     model_calls: int = 0
@@ -192,7 +197,6 @@ class EvaluationRecord(StoredModel):
     KIND: ClassVar[str] = "record"
     SCHEMA_VERSION: ClassVar[int] = 1
 
-    schema_version: int = 1
     run_id: str
     kind: Literal["run", "rescore", "import"] = "run"
     eval_set_id: str
@@ -249,7 +253,6 @@ class RunManifest(StoredModel):
     KIND: ClassVar[str] = "manifest"
     SCHEMA_VERSION: ClassVar[int] = 1
 
-    schema_version: int = 1
     run_id: str
     eval_set_id: str
     app_name: str

@@ -7,6 +7,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from evalsnap.records._base import StoredModel
+from evalsnap.records.record import InferenceKey
 
 
 class EvaluatorIdentity(BaseModel):
@@ -52,16 +53,9 @@ class MetricRule(BaseModel):
     """Fingerprint of (metric name, criterion, evaluator identity)."""
 
 
-class FrozenCase(BaseModel):
+class FrozenCase(InferenceKey):
     """One case × repetition: the inference it refers to and the full reference."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    eval_id: str
-    repetition: int = 0
-    inference_oid: str
-    """Object id of the InferenceRecord (its content hash)."""
-    inference_fingerprint: str
     inference_ok: bool
     reference: dict[str, Any]
     """The full ADK EvalCase as given (conversation or scenario, rubrics, final state)."""
@@ -76,8 +70,6 @@ class Snapshot(StoredModel):
     VOLATILE: ClassVar[frozenset[str]] = frozenset({"created_at"})
     SCHEMA_VERSION: ClassVar[int] = 1
 
-    schema_version: int = 1
-    """Format version."""
     eval_set_id: str
     """ADK eval set id."""
     eval_set_name: str | None = None

@@ -29,7 +29,6 @@ class ScoreUnit(StoredModel):
     VOLATILE: ClassVar[frozenset[str]] = frozenset({"run_id", "created_at"})
     SCHEMA_VERSION: ClassVar[int] = 1
 
-    schema_version: int = 1
     unit_fingerprint: str
     """Fingerprint of (case fingerprint, rule fingerprint): the reuse key."""
     case_fingerprint: str
