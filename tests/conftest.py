@@ -175,9 +175,14 @@ def store_dir(tmp_path: Path) -> Path:
     return tmp_path / "store"
 
 
+def copy_shop(dst: Path) -> Path:
+    """A private copy of the example agent dir at ``dst`` (eval set and config included;
+    no caches, no ADK history)."""
+    shutil.copytree(SHOP, dst, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    return dst
+
+
 @pytest.fixture
 def shop_copy(tmp_path: Path) -> Path:
     """A private copy of the example agent dir (eval set and config included)."""
-    dst = tmp_path / "agents" / "shop_agent"
-    shutil.copytree(SHOP, dst, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
-    return dst
+    return copy_shop(tmp_path / "agents" / "shop_agent")

@@ -16,7 +16,7 @@ import pytest
 
 from evalsnap.pipeline.publish import RECOVERED
 from tests._cli import run_inproc
-from tests.conftest import SHOP
+from tests.conftest import copy_shop
 
 CASES = ["--case", "weather_paris", "--case", "cart_add_two_items"]
 METRICS = ["--metric", "response_match_score", "--metric", "tool_trajectory_avg_score"]
@@ -26,7 +26,7 @@ METRICS = ["--metric", "response_match_score", "--metric", "tool_trajectory_avg_
 def base(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("honest")
     agent = root / "agents" / "shop_agent"
-    shutil.copytree(SHOP, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    copy_shop(agent)
     return {"agent": agent, "root": root}
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -34,7 +33,7 @@ import pytest
 from evalsnap.reports.verify import verify_store
 from storage import Store
 from tests._cli import run_inproc
-from tests.conftest import ROOT, SHOP, CliResult
+from tests.conftest import ROOT, CliResult, copy_shop
 from tests.servers import Server, moto_with_bucket
 
 CASES = ["weather_paris", "weather_two_cities", "cart_add_two_items", "cart_add_then_show",
@@ -61,7 +60,7 @@ def _scores(out: dict[str, Any]) -> dict[tuple[str, str], tuple[Any, str]]:
 def agent(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("kill")
     agent_dir = base / "agents" / "shop_agent"
-    shutil.copytree(SHOP, agent_dir, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    copy_shop(agent_dir)
     config = base / "test_config.json"
     config.write_text(json.dumps(CONFIG))
     return {"base": base, "dir": agent_dir, "evalset": agent_dir / "shop.evalset.json",

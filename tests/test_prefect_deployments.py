@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests._cli import run_inproc
-from tests.conftest import EVALSET, ROOT, SHOP
+from tests.conftest import EVALSET, ROOT, copy_shop
 
 PREFECT = str(Path(sys.executable).parent / "prefect")
 EXPECTED = {
@@ -126,7 +126,7 @@ def worker(tmp_path_factory):
 
 
 def _shop(dst: Path) -> Path:
-    shutil.copytree(SHOP, dst, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    copy_shop(dst)
     return dst
 
 

@@ -9,7 +9,6 @@ process each, since a new process is what they are about.
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,8 +18,8 @@ import fsspec
 import pytest
 
 from tests._cli import run_inproc
-from tests.conftest import SHOP, free_port, run_cli
-from tests.servers import Server, gcs_create_bucket, moto_with_bucket, s3_create_bucket, start_fake_gcs, start_moto
+from tests.conftest import copy_shop, free_port, run_cli
+from tests.servers import Server, fake_gcs_with_bucket, moto_with_bucket, s3_create_bucket, start_moto
 
 BUCKET = "evalsnap-e2e"
 
@@ -49,7 +48,7 @@ def _env(**extra: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dst = tmp_path_factory.mktemp("remote") / "shop_agent"
-    shutil.copytree(SHOP, dst, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    copy_shop(dst)
     return dst
 
 
@@ -61,12 +60,8 @@ def moto() -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def fake_gcs() -> Iterator[Server]:
-    server = start_fake_gcs()
-    try:
-        gcs_create_bucket(server, BUCKET)
+    with fake_gcs_with_bucket(BUCKET) as server:
         yield server
-    finally:
-        server.stop()
 
 
 #: Five of the demo's cases (the count is not the point; more than one inference batch is):
