@@ -5,15 +5,13 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 from google.adk.evaluation.eval_case import Invocation
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from evalsnap.records._base import StoredModel
+from evalsnap.records._base import FrozenModel, StoredModel
 
 
-class ModelUsage(BaseModel):
+class ModelUsage(FrozenModel):
     """The usage one model response reported, as the model-boundary plugin saw it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str | None = None
     """The model version the response names (None: it names none)."""

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from evalsnap.exitcodes import FailOn
-from evalsnap.records._base import CaseRepetition, StoredModel
+from evalsnap.records._base import CaseRepetition, FrozenModel, StoredModel
 
 
 class UnitKey(CaseRepetition):
@@ -36,7 +36,7 @@ class UnitRef(UnitKey):
     ``incomplete before``, ``no trusted version``; or ``reused``."""
 
 
-class TokenCounts(BaseModel):
+class TokenCounts(FrozenModel):
     """Tokens summed over model responses' usage metadata.
 
     A count is None when no response reported it (unavailable, not zero). ``input_tokens``
@@ -46,8 +46,6 @@ class TokenCounts(BaseModel):
     ``thoughts_tokens`` part of the output.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
     input_tokens: int | None = None
     output_tokens: int | None = None
     total_tokens: int | None = None
@@ -55,10 +53,8 @@ class TokenCounts(BaseModel):
     thoughts_tokens: int | None = None
 
 
-class EfficiencyValue(BaseModel):
+class EfficiencyValue(FrozenModel):
     """One of ADK's informational efficiency metrics on one inference, as ADK computes it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     value: float | None = None
     """ADK's overall value: the per-invocation average; None where ADK gives None (n/a)."""
@@ -69,10 +65,8 @@ class EfficiencyValue(BaseModel):
     ``invocation_duration_v1``: model, tool and framework seconds)."""
 
 
-class ModelPrice(BaseModel):
+class ModelPrice(FrozenModel):
     """Price of one model, per million tokens (``evalsnapPrices`` in test_config.json)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     input_per_million: float
     output_per_million: float
@@ -101,9 +95,7 @@ class InferenceRef(InferenceKey):
     """``tokens`` by the model version the responses name (``<unreported>`` where none)."""
 
 
-class RunSummary(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class RunSummary(FrozenModel):
     complete: bool
     passed: bool
     agent_calls: int
@@ -133,11 +125,9 @@ class RunSummary(BaseModel):
     """Why ``estimated_cost`` is None."""
 
 
-class CaseStability(BaseModel):
+class CaseStability(FrozenModel):
     """How many repetitions a case got under ``--until-stable``, and why it stopped
     (:mod:`evalsnap.pipeline.stability`)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     repetitions: int
     stopped: Literal["stable", "max", "incomplete"]
@@ -145,10 +135,8 @@ class CaseStability(BaseModel):
     still in doubt; ``incomplete``: a repetition could not be scored."""
 
 
-class Coverage(BaseModel):
+class Coverage(FrozenModel):
     """What part of its eval set and config a record covers."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     full: bool
     """Every case of the eval set and every metric of the config (a rescore: of a full
@@ -173,10 +161,8 @@ class Coverage(BaseModel):
     """With ``until_stable``: per eval_id, the repetitions it got and why it stopped."""
 
 
-class Baseline(BaseModel):
+class Baseline(FrozenModel):
     """The earlier record a run was compared with (``--baseline``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     requested: str
     """What was asked: a run id, a record id, ``latest`` or ``last-good``."""
@@ -240,9 +226,7 @@ class EvaluationRecord(StoredModel):
         return self.coverage is None or self.coverage.full
 
 
-class ManifestEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class ManifestEntry(FrozenModel):
     kind: str
     oid: str
 

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from evalsnap.records._base import StoredModel
+from evalsnap.records._base import FrozenModel, StoredModel
 from evalsnap.records.record import InferenceKey
 
 
-class EvaluatorIdentity(BaseModel):
+class EvaluatorIdentity(FrozenModel):
     """What implements a metric. Part of the rule fingerprint."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["builtin", "custom_function", "custom_class"]
     """How the metric is provided."""
@@ -32,10 +30,8 @@ class EvaluatorIdentity(BaseModel):
         return self.kind == "builtin" or self.version is not None
 
 
-class MetricRule(BaseModel):
+class MetricRule(FrozenModel):
     """One metric with everything resolved: criterion with defaults, evaluator identity."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     metric_name: str
     """Name under ``criteria``."""
