@@ -9,7 +9,6 @@ runs the real CLI (or the Python API, which runs the same flow).
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import pytest
 
 from tests._adk_parity import local_eval_service, scores
 from tests._cli import fresh_user_code, run_inproc
-from tests.conftest import run_cli
+from tests.conftest import copy_agent, run_cli
 
 GATEWAY = Path(__file__).parent / "fixtures" / "adk_projects" / "gateway_agent"
 FORCE_POOL = {"EVALSNAP_SCORE_POOL_MIN_UNITS": "1", "EVALSNAP_SCORE_PROCESSES": "1"}
@@ -28,7 +27,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A copy of the project, one cold run scored partly in Prefect's process pool."""
     base = tmp_path_factory.mktemp("gateway")
     agent = base / "gateway_agent"
-    shutil.copytree(GATEWAY, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    copy_agent(GATEWAY, agent)
     store = base / "store"
     cold = run_inproc("run", str(agent), str(agent / "gateway.evalset.json"), "--store", str(store),
                    "--json", env=FORCE_POOL)

@@ -9,14 +9,13 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from evalsnap.pipeline.publish import RECOVERED
 from tests._cli import run_inproc
-from tests.conftest import copy_shop
+from tests.conftest import copy_agent, copy_shop
 
 CASES = ["--case", "weather_paris", "--case", "cart_add_two_items"]
 METRICS = ["--metric", "response_match_score", "--metric", "tool_trajectory_avg_score"]
@@ -81,7 +80,7 @@ def test_a_nul_in_the_eval_set_id_leaves_no_temporary_file(base, tmp_path):
     """The ADK history copy is named after the eval set id: a NUL in it is replaced, and a
     write that fails anyway leaves no ``.tmp-*`` file behind."""
     agent = tmp_path / "agents" / "shop_agent"
-    shutil.copytree(base["agent"], agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    copy_agent(base["agent"], agent)
     data = json.loads((agent / "shop.evalset.json").read_text())
     odd = agent / "odd.evalset.json"
     odd.write_text(json.dumps({**data, "eval_set_id": "shop\u0000odd"}))

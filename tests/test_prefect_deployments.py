@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests._cli import run_inproc
-from tests.conftest import EVALSET, ROOT, copy_shop
+from tests.conftest import EVALSET, ROOT, copy_agent, copy_shop
 
 PREFECT = str(Path(sys.executable).parent / "prefect")
 EXPECTED = {
@@ -170,8 +170,7 @@ def flow_runs(worker, tmp_path_factory) -> dict:
                        "baseline": gate_first.json["run_id"], "fail_on": "regression"}
     # issue 20: the nightly deployment runs a LangGraph agent, its parameters unchanged
     graph_agent = base / "gate" / "agents" / "langgraph_agent"
-    shutil.copytree(ROOT / "examples" / "langgraph_agent", graph_agent,
-                    ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    copy_agent(ROOT / "examples" / "langgraph_agent", graph_agent)
 
     with get_client(sync_client=True) as client:
         rerun = client.read_deployment_by_name("evalsnap-rescore/rerun")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import textwrap
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import pytest
 
 from tests._adk_parity import local_eval_service, scores
 from tests._cli import run_inproc
-from tests.conftest import run_cli
+from tests.conftest import copy_shop, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +20,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory):
     in this process (:mod:`tests._cli`)."""
     base = tmp_path_factory.mktemp("demo")
     agent = base / "agents" / "shop_agent"
-    shutil.copytree(Path(__file__).parent.parent / "examples" / "shop_agent", agent,
-                    ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    copy_shop(agent)
     store = base / "store"
     evalset = agent / "shop.evalset.json"
     cold = run_cli("run", str(agent), str(evalset), "--store", str(store), "--json")
