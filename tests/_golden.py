@@ -50,8 +50,7 @@ def build_golden_demo(root: Path) -> GoldenDemo:
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root) + ".lock"):
         if not (root / _DONE).is_file():
-            agent = root / "agents" / "shop_agent"
-            copy_shop(agent)
+            agent = copy_shop(root / "agents" / "shop_agent")
             cold = run_inproc("run", str(agent), str(agent / "shop.evalset.json"), "--store",
                               str(root / "store"), "--json")
             assert cold.code in (1, 3), cold.stderr[-3000:]  # the demo has failing cases

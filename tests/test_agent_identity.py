@@ -29,8 +29,7 @@ ROTATED = "sk-concierge-fixture-rotated-4Hd8Mw1Qs6"
 
 
 def copy_project(base: Path) -> Path:
-    dst = base / "identity_agents"
-    copy_agent(FIXTURE, dst)
+    dst = copy_agent(FIXTURE, base / "identity_agents")
     return dst / "concierge"
 
 

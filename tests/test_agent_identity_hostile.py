@@ -34,9 +34,7 @@ HOSTILE = {"echo_tool": "success", "exit_tool": "failure", "interrupt_tool": "fa
 
 
 def _copy(base: Path) -> Path:
-    dst = base / "agents" / "hostile"
-    copy_agent(FIXTURE, dst)
-    return dst
+    return copy_agent(FIXTURE, base / "agents" / "hostile")
 
 
 def _by_case(out: dict[str, Any]) -> dict[str, str]:

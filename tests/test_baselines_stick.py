@@ -59,8 +59,7 @@ LAST_GOOD = ("--baseline", "last-good", "--fail-on", "regression")
 @pytest.fixture(scope="module")
 def nights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     base = tmp_path_factory.mktemp("nights")
-    agent = base / "agents" / "shop_agent"
-    copy_shop(agent)
+    agent = copy_shop(base / "agents" / "shop_agent")
     files = _files(agent)
     store = base / "store"
     n1 = _night(files, store, "small", *LAST_GOOD)

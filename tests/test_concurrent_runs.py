@@ -30,8 +30,7 @@ CONFIG = {"criteria": {"tool_trajectory_avg_score": 1.0, "response_match_score":
 @pytest.fixture(scope="module")
 def both(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     base = tmp_path_factory.mktemp("concurrent")
-    agent = base / "agents" / "shop_agent"
-    copy_shop(agent)
+    agent = copy_shop(base / "agents" / "shop_agent")
     config = base / "test_config.json"
     config.write_text(json.dumps(CONFIG))
     store = base / "store"

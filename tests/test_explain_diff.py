@@ -74,8 +74,7 @@ class Rec:
 @pytest.fixture(scope="module")
 def records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("explain")
-    agent = root / "agents" / "shop_agent"
-    copy_shop(agent)
+    agent = copy_shop(root / "agents" / "shop_agent")
     _patch_tools(agent)
     store = root / "store"
     url = str(store)

@@ -37,8 +37,7 @@ def small(shop_copy: Path) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def _small_cold(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path], Path, CliResult]:
     base = tmp_path_factory.mktemp("small")
-    agent = base / "agents" / "shop_agent"
-    copy_shop(agent)
+    agent = copy_shop(base / "agents" / "shop_agent")
     small = _small(agent)
     store = base / "store"
     return small, store, _run(run_inproc, small, store, "--json")

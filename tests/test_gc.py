@@ -44,8 +44,7 @@ _S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("gc")
-    dst = base / "shop_agent"
-    copy_shop(dst)
+    dst = copy_shop(base / "shop_agent")
     (dst / "test_config.json").write_text(json.dumps(CONFIG))
     # A second eval set of the same agent: keep-last counts per eval set.
     other = json.loads((dst / "shop.evalset.json").read_text())

@@ -47,9 +47,7 @@ DESIGNED_FAILURES = {("trip_wrong_trajectory", "tool_trajectory_avg_score"),
 
 
 def _copy(src: Path, base: Path) -> Path:
-    dst = base / "agents" / src.name
-    copy_agent(src, dst)
-    return dst
+    return copy_agent(src, base / "agents" / src.name)
 
 
 def _scores(result: dict[str, Any]) -> dict[tuple[str, str], tuple[Any, str]]:

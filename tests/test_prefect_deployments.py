@@ -169,8 +169,7 @@ def flow_runs(worker, tmp_path_factory) -> dict:
                        "metrics": "response_match_score",
                        "baseline": gate_first.json["run_id"], "fail_on": "regression"}
     # issue 20: the nightly deployment runs a LangGraph agent, its parameters unchanged
-    graph_agent = base / "gate" / "agents" / "langgraph_agent"
-    copy_agent(ROOT / "examples" / "langgraph_agent", graph_agent)
+    graph_agent = copy_agent(ROOT / "examples" / "langgraph_agent", base / "gate" / "agents" / "langgraph_agent")
 
     with get_client(sync_client=True) as client:
         rerun = client.read_deployment_by_name("evalsnap-rescore/rerun")

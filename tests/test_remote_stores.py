@@ -17,7 +17,7 @@ from typing import Any
 import fsspec
 import pytest
 
-from tests._cli import run_inproc
+from tests._cli import run_inproc, score_status
 from tests.conftest import copy_shop, free_port, run_cli
 from tests.servers import Server, fake_gcs_with_bucket, moto_with_bucket, s3_create_bucket, start_moto
 
@@ -47,9 +47,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    dst = tmp_path_factory.mktemp("remote") / "shop_agent"
-    copy_shop(dst)
-    return dst
+    return copy_shop(tmp_path_factory.mktemp("remote") / "shop_agent")
 
 
 @pytest.fixture(scope="module")
@@ -103,11 +101,6 @@ def runs(request: pytest.FixtureRequest) -> dict[str, Any]:
     return request.getfixturevalue(f"{request.param}_runs")
 
 
-def _scores(result: dict[str, Any]) -> dict[tuple[str, str], Any]:
-    return {(c["eval_id"], m): (v["score"], v["status"])
-            for c in result["cases"] for m, v in c["metrics"].items()}
-
-
 def test_cold_run_in_the_bucket_calls_the_models(runs: dict[str, Any]) -> None:
     cold = runs["cold"]
     assert cold.code in (1, 3), cold.stderr[-3000:]
@@ -125,9 +118,9 @@ def test_reuse_from_a_new_process_makes_no_model_calls(runs: dict[str, Any]) -> 
                      if not v["complete"])
     assert warm.json["scored_units"] <= incomplete
     assert warm.json["reused_units"] + warm.json["scored_units"] == cold["scored_units"]
-    complete_before = {k: v for k, v in _scores(cold).items()
+    complete_before = {k: v for k, v in score_status(cold).items()
                        if v[1] != "NOT_EVALUATED"}
-    assert {k: _scores(warm.json)[k] for k in complete_before} == complete_before
+    assert {k: score_status(warm.json)[k] for k in complete_before} == complete_before
     assert all(c["inference_reused"] for c in warm.json["cases"])
 
 

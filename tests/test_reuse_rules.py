@@ -110,8 +110,7 @@ class Base:
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory: pytest.TempPathFactory) -> Base:
     root = tmp_path_factory.mktemp("reuse_rules")
-    agent = root / "agents" / "shop_agent"
-    copy_shop(agent)
+    agent = copy_shop(root / "agents" / "shop_agent")
     store = root / "store"
     first = run_inproc(*run_args(agent, store))
     assert first.code in (0, 1), f"expected the base run to finish (exit 0/1), got {first.code}: " \

@@ -47,8 +47,7 @@ def _run(agent: Path, store: str, *extra: str, env: dict[str, str] | None = None
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("store-faults")
-    agent = root / "shop_agent"
-    copy_shop(agent)
+    agent = copy_shop(root / "shop_agent")
     store = root / "store"
     cold = _run(agent, str(store))
     assert cold.code == 0, cold.stderr[-3000:]

@@ -37,9 +37,7 @@ def moto() -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    dst = tmp_path_factory.mktemp("requests") / "shop_agent"
-    copy_shop(dst)
-    return dst
+    return copy_shop(tmp_path_factory.mktemp("requests") / "shop_agent")
 
 
 def _client(moto: Server) -> Any:
