@@ -35,21 +35,33 @@ from tasks.support import (
 #: Where relative paths of a deployment's parameters start (said in every path's help).
 RELATIVE = "relative paths start at the flow run's working directory (a deployment's: the project directory)"
 RunnerChoice = Literal["default", "threads", "dask"]
-FAIL_ON_HELP = ("When the flow run ends Failed (after the record is published): quality = a "
-                "quality failure or an incomplete run (the CLI's exit code), incomplete = only "
-                "an incomplete run, regression = only a regression against the baseline, never")
-BASELINE_HELP = ("Compare with this earlier run or record of the same eval set and list "
-                 "regressions and fixes; 'latest' = the newest full run of the eval set; "
-                 "'last-good' = the newest full run of it that passed its own gate (fail_on) "
-                 "or that someone accepted (evalsnap accept RUN); empty: no comparison")
-TOLERANCE_HELP = ("With a baseline: a score drop of more than this also counts as a regression "
-                  "(0: only PASSED → FAILED and complete → incomplete do)")
-GATE_HELP = ("How the repetitions of a case × metric pass: mean = ADK AgentEvaluator's rule "
-             "(the mean of the per-invocation scores of all repetitions against the "
-             "threshold), every = every repetition passed, rate:P = a pass rate of at least P")
-ALPHA_HELP = ("With a baseline and at least 2 repetitions on both sides: a change of a case's "
-              "pass count is a regression (or fix) only when Fisher's exact test gives a "
-              "p-value below this")
+
+# The parameters both flows (evaluate and rescore) take, as the UI's form shows them.
+StoreParam = Annotated[str, Field(description=(
+    f"Store URL: a local path, s3://…, gs://…; empty: {STORE_DEFAULT}; {RELATIVE}"))]
+DaskAddressParam = Annotated[Text, Field(
+    description="Existing Dask scheduler, e.g. tcp://10.0.0.5:8786 (implies dask); "
+                "empty: $EVALSNAP_DASK_ADDRESS, else none")]
+BaselineParam = Annotated[Text, Field(description=(
+    "Compare with this earlier run or record of the same eval set and list "
+    "regressions and fixes; 'latest' = the newest full run of the eval set; "
+    "'last-good' = the newest full run of it that passed its own gate (fail_on) "
+    "or that someone accepted (evalsnap accept RUN); empty: no comparison"))]
+ToleranceParam = Annotated[float, Field(ge=0, description=(
+    "With a baseline: a score drop of more than this also counts as a regression "
+    "(0: only PASSED → FAILED and complete → incomplete do)"))]
+FailOnParam = Annotated[FailOn, Field(description=(
+    "When the flow run ends Failed (after the record is published): quality = a "
+    "quality failure or an incomplete run (the CLI's exit code), incomplete = only "
+    "an incomplete run, regression = only a regression against the baseline, never"))]
+GateParam = Annotated[str, Field(description=(
+    "How the repetitions of a case × metric pass: mean = ADK AgentEvaluator's rule "
+    "(the mean of the per-invocation scores of all repetitions against the "
+    "threshold), every = every repetition passed, rate:P = a pass rate of at least P"))]
+AlphaParam = Annotated[float, Field(gt=0, lt=1, description=(
+    "With a baseline and at least 2 repetitions on both sides: a change of a case's "
+    "pass count is a regression (or fix) only when Fisher's exact test gives a "
+    "p-value below this"))]
 
 
 def _evalset_label(given: Any) -> str:
@@ -80,8 +92,7 @@ def evaluate(
         f"test_config.json of its folder; the CLI and Python API take several); {RELATIVE}"))],
     config: Annotated[Text, Field(description=(
         f"test_config.json; empty: the one beside each eval set; {RELATIVE}"))] = "",
-    store: Annotated[str, Field(description=(
-        f"Store URL: a local path, s3://…, gs://…; empty: {STORE_DEFAULT}; {RELATIVE}"))] = "",
+    store: StoreParam = "",
     reuse: Annotated[bool, Field(description="Reuse complete, compatible earlier work")] = False,
     force: Annotated[bool, Field(description="Score every unit again even if reusable")] = False,
     metrics: Annotated[Names, Field(description=(
@@ -104,19 +115,17 @@ def evaluate(
         description="Where tasks run: threads in the flow's process, or dask (a local "
                     "cluster of worker processes, or the scheduler at dask_address); "
                     "default: $EVALSNAP_TASK_RUNNER, else threads")] = "default",
-    dask_address: Annotated[Text, Field(
-        description="Existing Dask scheduler, e.g. tcp://10.0.0.5:8786 (implies dask); "
-                    "empty: $EVALSNAP_DASK_ADDRESS, else none")] = "",
+    dask_address: DaskAddressParam = "",
     agent_name: Annotated[Text, Field(
         description="Evaluate this sub-agent of the tree; empty: the root agent")] = "",
     initial_session_file: Annotated[Text, Field(description=(
         "Initial session state for old-format *.test.json files (AgentEvaluator's "
         f"initial_session_file); empty: the initial.session.json beside them; {RELATIVE}"))] = "",
-    baseline: Annotated[Text, Field(description=BASELINE_HELP)] = "",
-    tolerance: Annotated[float, Field(ge=0, description=TOLERANCE_HELP)] = 0.0,
-    fail_on: Annotated[FailOn, Field(description=FAIL_ON_HELP)] = "quality",
-    repetition_gate: Annotated[str, Field(description=GATE_HELP)] = "mean",
-    alpha: Annotated[float, Field(gt=0, lt=1, description=ALPHA_HELP)] = 0.05,
+    baseline: BaselineParam = "",
+    tolerance: ToleranceParam = 0.0,
+    fail_on: FailOnParam = "quality",
+    repetition_gate: GateParam = "mean",
+    alpha: AlphaParam = 0.05,
     framework: Annotated[Literal["", "adk", "langgraph"], Field(description=(
         "The agent's framework; empty: detected (a package exposing graph, or a "
         "langgraph.json, is LangGraph)"))] = "",

@@ -13,20 +13,20 @@ from evalsnap.pipeline import context, hints, runners
 from evalsnap.pipeline.plan import plan_rescore
 from evalsnap.reports import lastgood
 from evalsnap.reports.artifacts import RunProgress
-from evalsnap.reports.regressions import FailOn
 from evalsnap.spec import RunSpec
 from flows.evaluate import (
-    ALPHA_HELP,
-    BASELINE_HELP,
-    FAIL_ON_HELP,
-    GATE_HELP,
     RELATIVE,
-    TOLERANCE_HELP,
+    AlphaParam,
+    BaselineParam,
+    DaskAddressParam,
+    FailOnParam,
+    GateParam,
     RunnerChoice,
+    StoreParam,
+    ToleranceParam,
 )
 from tasks import freeze_task, publish_task, run_scoring
 from tasks.support import (
-    STORE_DEFAULT,
     Names,
     Text,
     as_data,
@@ -57,8 +57,7 @@ def rescore(
         f"Edited .evalset.json; empty: the frozen references; {RELATIVE}"))] = "",
     config: Annotated[Text, Field(description=(
         f"test_config.json; empty: the one beside the eval set, else the frozen rules; {RELATIVE}"))] = "",
-    store: Annotated[str, Field(description=(
-        f"Store URL: a local path, s3://…, gs://…; empty: {STORE_DEFAULT}; {RELATIVE}"))] = "",
+    store: StoreParam = "",
     reuse: Annotated[bool, Field(description="Reuse complete, compatible earlier units")] = True,
     force: Annotated[bool, Field(description="Score every unit again")] = False,
     metrics: Annotated[Names, Field(description=(
@@ -74,18 +73,16 @@ def rescore(
         description="Where scoring tasks run: threads, or dask (a local cluster, or the "
                     "scheduler at dask_address); default: $EVALSNAP_TASK_RUNNER, else "
                     "threads")] = "default",
-    dask_address: Annotated[Text, Field(
-        description="Existing Dask scheduler, e.g. tcp://10.0.0.5:8786 (implies dask); "
-                    "empty: $EVALSNAP_DASK_ADDRESS, else none")] = "",
+    dask_address: DaskAddressParam = "",
     agent: Annotated[Text, Field(description=(
         "The agent package, imported first in every process that scores (as for a run: "
         f"models or evaluators it registers are there); it is never called; {RELATIVE}"))] = "",
     agent_name: Annotated[Text, Field(description="Sub-agent of agent; empty: none")] = "",
-    baseline: Annotated[Text, Field(description=BASELINE_HELP)] = "",
-    tolerance: Annotated[float, Field(ge=0, description=TOLERANCE_HELP)] = 0.0,
-    fail_on: Annotated[FailOn, Field(description=FAIL_ON_HELP)] = "quality",
-    repetition_gate: Annotated[str, Field(description=GATE_HELP)] = "mean",
-    alpha: Annotated[float, Field(gt=0, lt=1, description=ALPHA_HELP)] = 0.05,
+    baseline: BaselineParam = "",
+    tolerance: ToleranceParam = 0.0,
+    fail_on: FailOnParam = "quality",
+    repetition_gate: GateParam = "mean",
+    alpha: AlphaParam = 0.05,
 ) -> Any:
     """Never calls the agent: freezes the earlier inference with the given references and
     rules; the flow run ends Failed when ``fail_on`` says so."""

@@ -62,6 +62,18 @@ class CliResult:
         return json.loads(lines[0])
 
 
+def score_status(summary: dict[str, Any]) -> dict[tuple[str, str], tuple[Any, str]]:
+    """(eval id, metric) → (score, status) of a ``--json`` summary of one eval set."""
+    return {(c["eval_id"], metric): (m["score"], m["status"])
+            for c in summary["cases"] for metric, m in c["metrics"].items()}
+
+
+def ok(result: CliResult, code: int = 0) -> dict[str, Any]:
+    """The ``--json`` object of a call that exited ``code`` (else the tails of its output)."""
+    assert result.code == code, (result.stdout[-2000:], result.stderr[-3000:])
+    return result.json
+
+
 def _user_module(module: Any) -> bool:
     """True for a module of user code (an agent package, a metric, a plugin)."""
     file = getattr(module, "__file__", None)

@@ -45,13 +45,12 @@ def build_golden_demo(root: Path) -> GoldenDemo:
     """The demo's cold run in ``root`` (made by the first caller, under a lock)."""
     from filelock import FileLock
 
-    from tests.conftest import SHOP
+    from tests.conftest import copy_shop
 
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root) + ".lock"):
         if not (root / _DONE).is_file():
-            agent = root / "agents" / "shop_agent"
-            shutil.copytree(SHOP, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+            agent = copy_shop(root / "agents" / "shop_agent")
             cold = run_inproc("run", str(agent), str(agent / "shop.evalset.json"), "--store",
                               str(root / "store"), "--json")
             assert cold.code in (1, 3), cold.stderr[-3000:]  # the demo has failing cases

@@ -175,9 +175,25 @@ def store_dir(tmp_path: Path) -> Path:
     return tmp_path / "store"
 
 
+def copy_agent(src: Path, dst: Path) -> Path:
+    """A private copy of the agent project ``src`` at ``dst``: no caches, no ADK history."""
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    return dst
+
+
+def copy_shop(dst: Path) -> Path:
+    """A private copy of the example agent dir at ``dst`` (eval set and config included)."""
+    return copy_agent(SHOP, dst)
+
+
+def set_env_value(env_file: Path, key: str, value: str) -> None:
+    """Gives ``key`` a new value in a ``.env`` file (the other lines kept)."""
+    lines = [f"{key}={value}" if line.startswith(f"{key}=") else line
+             for line in env_file.read_text().splitlines()]
+    env_file.write_text("\n".join(lines) + "\n")
+
+
 @pytest.fixture
 def shop_copy(tmp_path: Path) -> Path:
     """A private copy of the example agent dir (eval set and config included)."""
-    dst = tmp_path / "agents" / "shop_agent"
-    shutil.copytree(SHOP, dst, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
-    return dst
+    return copy_shop(tmp_path / "agents" / "shop_agent")

@@ -21,7 +21,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -30,11 +30,10 @@ __all__ = [
     "Server",
     "fake_gcs_binary",
     "fake_gcs_command",
+    "fake_gcs_with_bucket",
     "free_port",
     "gcs_create_bucket",
     "moto_command",
-    "run_fake_gcs",
-    "run_moto",
     "s3_create_bucket",
     "start_fake_gcs",
     "start_moto",
@@ -157,14 +156,24 @@ def fake_gcs_command(port: int) -> list[str]:
 
 
 @contextlib.contextmanager
-def moto_with_bucket(bucket: str) -> Iterator[Server]:
-    """A moto server with ``bucket`` created, stopped by PID on exit (for a fixture to yield)."""
-    server = start_moto()
+def _with_bucket(server: Server, bucket: str,
+                 create: Callable[[Server, str], None]) -> Iterator[Server]:
+    """``server`` with ``bucket`` created, stopped by PID on exit (for a fixture to yield)."""
     try:
-        s3_create_bucket(server, bucket)
+        create(server, bucket)
         yield server
     finally:
         server.stop()
+
+
+def moto_with_bucket(bucket: str) -> contextlib.AbstractContextManager[Server]:
+    """A moto server with ``bucket`` created, stopped by PID on exit."""
+    return _with_bucket(start_moto(), bucket, s3_create_bucket)
+
+
+def fake_gcs_with_bucket(bucket: str) -> contextlib.AbstractContextManager[Server]:
+    """A fake-gcs-server with ``bucket`` created, stopped by PID on exit."""
+    return _with_bucket(start_fake_gcs(), bucket, gcs_create_bucket)
 
 
 def start_fake_gcs(port: int | None = None) -> Server:
@@ -172,24 +181,6 @@ def start_fake_gcs(port: int | None = None) -> Server:
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     return _start("fake-gcs-server", fake_gcs_command(port), url, f"{url}/storage/v1/b")
-
-
-@contextlib.contextmanager
-def run_moto() -> Iterator[Server]:
-    server = start_moto()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@contextlib.contextmanager
-def run_fake_gcs() -> Iterator[Server]:
-    server = start_fake_gcs()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _post_json(url: str, body: dict[str, str]) -> None:

@@ -9,15 +9,14 @@ runs the real CLI (or the Python API, which runs the same flow).
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests._adk_parity import local_eval_service, scores
-from tests._cli import fresh_user_code, run_inproc
-from tests.conftest import run_cli
+from tests._cli import fresh_user_code, run_inproc, score_status
+from tests.conftest import copy_agent, run_cli
 
 GATEWAY = Path(__file__).parent / "fixtures" / "adk_projects" / "gateway_agent"
 FORCE_POOL = {"EVALSNAP_SCORE_POOL_MIN_UNITS": "1", "EVALSNAP_SCORE_PROCESSES": "1"}
@@ -27,23 +26,17 @@ FORCE_POOL = {"EVALSNAP_SCORE_POOL_MIN_UNITS": "1", "EVALSNAP_SCORE_PROCESSES": 
 def project(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A copy of the project, one cold run scored partly in Prefect's process pool."""
     base = tmp_path_factory.mktemp("gateway")
-    agent = base / "gateway_agent"
-    shutil.copytree(GATEWAY, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    agent = copy_agent(GATEWAY, base / "gateway_agent")
     store = base / "store"
     cold = run_inproc("run", str(agent), str(agent / "gateway.evalset.json"), "--store", str(store),
                    "--json", env=FORCE_POOL)
     return {"agent": agent, "store": store, "cold": cold}
 
 
-def _scores(result: dict[str, Any]) -> dict[tuple[str, str], tuple[Any, str]]:
-    return {(c["eval_id"], m): (v["score"], v["status"])
-            for c in result["cases"] for m, v in c["metrics"].items()}
-
-
 def test_models_registered_by_the_agent_module_work_in_every_scoring_process(project):
     cold = project["cold"]
     assert cold.code == 1, cold.stderr[-3000:]  # `greets` fails the judge, as designed
-    scores = _scores(cold.json)
+    scores = score_status(cold.json)
     assert len(scores) == 9 and cold.json["complete"]
     assert scores[("adds", "final_response_match_v2")] == (1.0, "PASSED")
     assert scores[("greets", "final_response_match_v2")] == (0.0, "FAILED")
@@ -57,7 +50,7 @@ def test_dask_workers_import_the_agent_package(project, tmp_path: Path):
                      "--store", str(tmp_path / "dask"), "--task-runner", "dask", "--json",
                      env={"EVALSNAP_DASK_WORKERS": "1"})
     assert result.code == 1, result.stderr[-3000:]
-    assert _scores(result.json) == _scores(project["cold"].json)
+    assert score_status(result.json) == score_status(project["cold"].json)
 
 
 def test_scores_equal_adks_local_eval_service_on_the_same_inference(project):
@@ -99,7 +92,7 @@ def test_replay_in_a_fresh_process_needs_no_registered_judge(project):
                        str(project["store"]), "--json")
     assert replayed.code == 1, replayed.stderr[-3000:]
     assert replayed.json["judge_calls"] == 0
-    assert _scores(replayed.json) == _scores(project["cold"].json)
+    assert score_status(replayed.json) == score_status(project["cold"].json)
     assert replayed.json["replay_changes"] == []
 
 
@@ -116,7 +109,7 @@ def test_rescore_imports_the_agent_package_named_by_agent(project, tmp_path: Pat
     rescored = run_inproc(*args, "--agent", str(project["agent"]))
     assert rescored.code == 1, rescored.stderr[-3000:]
     assert rescored.json["agent_calls"] == 0 and rescored.json["judge_calls"] == 0
-    assert _scores(rescored.json) == _scores(project["cold"].json)
+    assert score_status(rescored.json) == score_status(project["cold"].json)
 
 
 def test_a_sub_agent_is_evaluated_by_name(project, tmp_path: Path):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -23,32 +22,20 @@ from typing import Any
 
 import pytest
 
-from tests._cli import run_inproc
-from tests.conftest import ROOT, CliResult
+from tests._cli import ok, run_inproc, score_status
+from tests.conftest import ROOT, CliResult, copy_agent, set_env_value
 
 FIXTURES = Path(__file__).parent / "fixtures" / "adk_projects"
 
 
 def _copy(name: str, base: Path) -> Path:
-    dst = base / "agents" / name
-    shutil.copytree(FIXTURES / name, dst, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
-    return dst
+    return copy_agent(FIXTURES / name, base / "agents" / name)
 
 
 def _run(agent: Path, evalset: Path, store: Path, *extra: str,
          env: dict[str, str] | None = None) -> CliResult:
     return run_inproc("run", str(agent), str(evalset), "--store", str(store), "--json", *extra,
                    env=env)
-
-
-def _scores(out: dict[str, Any]) -> dict[tuple[str, str], tuple[float | None, str]]:
-    return {(c["eval_id"], name): (m["score"], m["status"])
-            for c in out["cases"] for name, m in c["metrics"].items()}
-
-
-def _ok(result: CliResult, code: int = 0) -> dict[str, Any]:
-    assert result.code == code, (result.stdout[-2000:], result.stderr[-3000:])
-    return result.json
 
 
 # ---- get_agent_async, and --agent-name -------------------------------------------------------
@@ -71,26 +58,26 @@ def factory(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_a_package_with_only_get_agent_async_runs(factory: dict[str, Any]) -> None:
     # inference tasks import the agent inside their running event loop: the factory is
     # awaited on a loop of its own
-    out = _ok(factory["root"])
+    out = ok(factory["root"])
     assert out["passed"] and out["complete"]
     assert [c["eval_id"] for c in out["cases"]] == ["hello", "two_turns"]
-    assert _scores(out) == {("hello", "response_match_score"): (1.0, "PASSED"),
+    assert score_status(out) == {("hello", "response_match_score"): (1.0, "PASSED"),
                             ("two_turns", "response_match_score"): (1.0, "PASSED")}
     assert out["agent_calls"] == 3  # one model call per turn
 
 
 def test_agent_name_evaluates_the_sub_agent_and_is_part_of_the_identity(
         factory: dict[str, Any]) -> None:
-    greeter = _ok(factory["greeter"], code=1)  # the greeter answers, not the router
+    greeter = ok(factory["greeter"], code=1)  # the greeter answers, not the router
     assert greeter["agent_calls"] == 3, "another agent: no inference of the root is reused"
-    for (_, metric), (score, status) in _scores(greeter).items():
+    for (_, metric), (score, status) in score_status(greeter).items():
         assert metric == "response_match_score" and score is not None and score < 1.0
         assert status == "FAILED"
-    again = _ok(factory["greeter_again"], code=1)
-    assert again["agent_calls"] == 0 and _scores(again) == _scores(greeter)
-    by_name = _ok(factory["root_by_name"])  # naming the root is evaluating the root
+    again = ok(factory["greeter_again"], code=1)
+    assert again["agent_calls"] == 0 and score_status(again) == score_status(greeter)
+    by_name = ok(factory["root_by_name"])  # naming the root is evaluating the root
     assert by_name["agent_calls"] == 0
-    assert _scores(by_name) == _scores(factory["root"].json)
+    assert score_status(by_name) == score_status(factory["root"].json)
 
 
 def test_an_unknown_agent_name_lists_the_agents_of_the_tree(factory: dict[str, Any]) -> None:
@@ -169,12 +156,6 @@ def _files_holding(root: Path, needle: bytes) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
 
 
-def _set_env_value(env_file: Path, key: str, value: str) -> None:
-    lines = [f"{key}={value}" if line.startswith(f"{key}=") else line
-             for line in env_file.read_text().splitlines()]
-    env_file.write_text("\n".join(lines) + "\n")
-
-
 @pytest.fixture(scope="module")
 def dotenv(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     base = tmp_path_factory.mktemp("dotenv")
@@ -185,18 +166,18 @@ def dotenv(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert not [k for k in os.environ if k.startswith("DOTENV_AGENT_")]
     cold = _run(agent, evalset, store)
     secrets.append("sk-evalsnap-fixture-rotated-3Jw8Pq5Tz0Xv")
-    _set_env_value(env_file, "DOTENV_AGENT_API_KEY", secrets[-1])
+    set_env_value(env_file, "DOTENV_AGENT_API_KEY", secrets[-1])
     rotated = _run(agent, evalset, store, "--reuse")
-    _set_env_value(env_file, "DOTENV_AGENT_GREETING", "Hi")
+    set_env_value(env_file, "DOTENV_AGENT_GREETING", "Hi")
     regreeted = _run(agent, evalset, store, "--reuse")
     return {"agent": agent, "store": store, "secrets": secrets, "cold": cold,
             "rotated": rotated, "regreeted": regreeted}
 
 
 def test_env_is_loaded_before_the_agent_is_imported(dotenv: dict[str, Any]) -> None:
-    out = _ok(dotenv["cold"])  # agent.py reads the greeting at import, the model the key
+    out = ok(dotenv["cold"])  # agent.py reads the greeting at import, the model the key
     assert out["passed"] and out["agent_calls"] == 1
-    assert _scores(out) == {("greet_partner", "response_match_score"): (1.0, "PASSED")}
+    assert score_status(out) == {("greet_partner", "response_match_score"): (1.0, "PASSED")}
 
 
 def test_no_env_value_reaches_the_store_the_output_or_adk_history(
@@ -217,17 +198,17 @@ def test_no_env_value_reaches_the_store_the_output_or_adk_history(
 
 
 def test_rotating_a_key_in_env_reuses_the_inference(dotenv: dict[str, Any]) -> None:
-    rotated = _ok(dotenv["rotated"])
+    rotated = ok(dotenv["rotated"])
     assert rotated["agent_calls"] == 0
     assert [c["inference_reused"] for c in rotated["cases"]] == [True]
-    assert _scores(rotated) == _scores(dotenv["cold"].json)
+    assert score_status(rotated) == score_status(dotenv["cold"].json)
 
 
 def test_an_env_value_that_shapes_the_agent_runs_it_again(dotenv: dict[str, Any]) -> None:
     # the greeting is in the instruction, so in the agent tree the identity hashes
-    regreeted = _ok(dotenv["regreeted"], code=1)
+    regreeted = ok(dotenv["regreeted"], code=1)
     assert regreeted["agent_calls"] == 1
-    ((_, (score, status)),) = _scores(regreeted).items()
+    ((_, (score, status)),) = score_status(regreeted).items()
     assert score is not None and score < 1.0 and status == "FAILED"
 
 
@@ -247,15 +228,15 @@ def legacy(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def test_an_old_test_file_runs_as_one_multi_turn_case(legacy: dict[str, Any]) -> None:
-    out = _ok(legacy["cold"])
+    out = ok(legacy["cold"])
     assert out["eval_set_id"] == "weather"
     assert [c["eval_id"] for c in out["cases"]] == ["weather"]
-    scores = _scores(out)
+    scores = score_status(out)
     assert scores[("weather", "tool_trajectory_avg_score")] == (1.0, "PASSED")
     response, status = scores[("weather", "response_match_score")]
     assert response is not None and 0.8 < response < 1.0 and status == "PASSED"
     assert out["agent_calls"] == 5  # three answers and two tool calls
-    (case,) = _ok(legacy["shown"])["cases"]
+    (case,) = ok(legacy["shown"])["cases"]
     assert case["initial_session_state"] == {"units": "celsius"}  # initial.session.json
     turns = case["reference"]["conversation"]
     assert [t["invocation_id"] for t in turns] == ["weather-0", "weather-1", "weather-2"]
@@ -265,17 +246,17 @@ def test_an_old_test_file_runs_as_one_multi_turn_case(legacy: dict[str, Any]) ->
 
 def test_old_format_ids_are_stable_so_a_second_run_reuses_everything(
         legacy: dict[str, Any]) -> None:
-    cold, warm = legacy["cold"].json, _ok(legacy["warm"])
+    cold, warm = legacy["cold"].json, ok(legacy["warm"])
     assert [c["eval_id"] for c in warm["cases"]] == ["weather"]
     assert warm["agent_calls"] == 0
     assert warm["reused_units"] == cold["scored_units"] == 2 and warm["scored_units"] == 0
-    assert _scores(warm) == _scores(cold)
+    assert score_status(warm) == score_status(cold)
 
 
 def test_an_old_list_format_eval_set_keeps_its_case_names(legacy: dict[str, Any]) -> None:
-    out = _ok(legacy["old_list"], code=1)  # one case expects the wrong tool call
+    out = ok(legacy["old_list"], code=1)  # one case expects the wrong tool call
     assert out["eval_set_id"] == "legacy_list"
-    assert _scores(out) == {
+    assert score_status(out) == {
         ("oslo_in_celsius", "tool_trajectory_avg_score"): (1.0, "PASSED"),
         ("oslo_in_celsius", "response_match_score"): (1.0, "PASSED"),
         ("rome_expects_the_wrong_city", "tool_trajectory_avg_score"): (0.0, "FAILED"),

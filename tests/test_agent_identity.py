@@ -13,7 +13,6 @@ process (:mod:`tests._cli`).
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from tests._cli import run_inproc
-from tests.conftest import ROOT, CliResult, run_cli
+from tests._cli import ok, run_inproc
+from tests.conftest import ROOT, CliResult, copy_agent, run_cli, set_env_value
 
 FIXTURE = Path(__file__).parent / "fixtures" / "identity_agents"
 KEY = "sk-concierge-fixture-9Vt3Lq7Xw2Pb5Zn8"
@@ -30,20 +29,8 @@ ROTATED = "sk-concierge-fixture-rotated-4Hd8Mw1Qs6"
 
 
 def copy_project(base: Path) -> Path:
-    dst = base / "identity_agents"
-    shutil.copytree(FIXTURE, dst, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    dst = copy_agent(FIXTURE, base / "identity_agents")
     return dst / "concierge"
-
-
-def set_env_value(env_file: Path, key: str, value: str) -> None:
-    lines = [f"{key}={value}" if line.startswith(f"{key}=") else line
-             for line in env_file.read_text().splitlines()]
-    env_file.write_text("\n".join(lines) + "\n")
-
-
-def _ok(result: CliResult, code: int = 0) -> dict[str, Any]:
-    assert result.code == code, (result.stdout[-2000:], result.stderr[-3000:])
-    return result.json
 
 
 # ---- the story: one change at a time ------------------------------------------------------------
@@ -68,7 +55,7 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         if runs[name].code in (0, 1):
             shown = run_inproc("explain", runs[name].json["run_id"], "--store", str(store),
                                "--json")
-            explained[name] = _ok(shown)
+            explained[name] = ok(shown)
 
     step("cold", seed="1")
     cold_usage = log.read_text()
@@ -97,10 +84,10 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_reuse_in_a_new_process_reuses_and_a_key_rotation_too(story: dict[str, Any]) -> None:
     """``cold`` and ``warm`` are two processes with other hash seeds: ``warm`` reusing the
     inference is the identity being the same in both."""
-    cold = _ok(story["runs"]["cold"])
+    cold = ok(story["runs"]["cold"])
     assert cold["agent_calls"] == 3  # the root, the AgentTool's agent, the root again
     for name in ("warm", "rotated", "again"):
-        out = _ok(story["runs"][name])
+        out = ok(story["runs"][name])
         assert out["agent_calls"] == 0, name
         assert [c["inference_reused"] for c in out["cases"]] == [True], name
 
@@ -133,7 +120,7 @@ def test_explain_and_diff_say_what_changed_in_words(story: dict[str, Any]) -> No
     text = story["explain_text"]
     assert text.code == 0, text.stderr[-2000:]
     assert "agent changed: place_agent.instruction" in " ".join(text.stdout.split())
-    diffed = _ok(story["diff"])
+    diffed = ok(story["diff"])
     assert diffed["agent_changes"] == ["place_agent.instruction"]
     (unit,) = diffed["units"]
     assert "inference" in unit["moved"] and unit["agent_changes"] == ["place_agent.instruction"]
@@ -214,8 +201,7 @@ def probes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict, di
     agents = {"concierge": copy_project(base)}
     if _has_langgraph():
         agents["langgraph"] = base / "langgraph_agent"
-        shutil.copytree(ROOT / "examples" / "langgraph_agent", agents["langgraph"],
-                        ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+        copy_agent(ROOT / "examples" / "langgraph_agent", agents["langgraph"])
     dirs = list(agents.values())
     first, second = _probe(dirs, "1"), _probe(dirs[::-1], "4242")
     return {name: (first[str(d)], second[str(d)]) for name, d in agents.items()}
@@ -256,9 +242,9 @@ def test_an_empty_app_name_fails_at_once_with_adks_message(tmp_path: Path) -> No
     store = tmp_path / "store"
     result = run_inproc("run", str(agent), str(path), "--store", str(store), "--json",
                      env={"EVALSNAP_RETRIES": "2", "EVALSNAP_RETRY_DELAYS": "5,5"})
-    out = _ok(result, code=3)
+    out = ok(result, code=3)
     assert out["agent_calls"] == 0
-    shown = _ok(run_inproc("show", out["run_id"], "--store", str(store), "--json"))
+    shown = ok(run_inproc("show", out["run_id"], "--store", str(store), "--json"))
     (case,) = shown["cases"]
     assert "app_name is required" in case["inference"]["error"]
     assert "Session not found" not in case["inference"]["error"]
@@ -311,11 +297,11 @@ def test_one_process_runs_the_agent_it_fingerprinted(tmp_path: Path) -> None:
     env = {"CONCIERGE_USAGE_LOG": str(tmp_path / "usage.jsonl")}
     args = ("run", str(agent), str(agent / "trip.evalset.json"), "--store", str(tmp_path / "s"),
             "--json", "--reuse")
-    _ok(run_inproc(*args, env=env))
+    ok(run_inproc(*args, env=env))
     source = agent / "agent.py"
     source.write_text(source.read_text().replace('f"Plan a trip for', 'f"Plan a journey for'))
-    second = _ok(run_inproc(*args, env=env))
+    second = ok(run_inproc(*args, env=env))
     assert second["agent_calls"] == 3
-    explained = _ok(run_inproc("explain", second["run_id"], "--store", str(tmp_path / "s"),
+    explained = ok(run_inproc("explain", second["run_id"], "--store", str(tmp_path / "s"),
                                "--json"))
     assert "planner.instruction code" in explained["agent_changes"], explained["agent_changes"]

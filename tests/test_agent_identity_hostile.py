@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -26,7 +25,7 @@ from typing import Any
 import pytest
 
 from tests._cli import run_inproc
-from tests.conftest import CliResult, run_cli
+from tests.conftest import CliResult, copy_agent, run_cli
 
 FIXTURE = Path(__file__).parent / "fixtures" / "identity_agents" / "hostile"
 NO_RETRY = {"EVALSNAP_RETRIES": "0"}
@@ -35,9 +34,7 @@ HOSTILE = {"echo_tool": "success", "exit_tool": "failure", "interrupt_tool": "fa
 
 
 def _copy(base: Path) -> Path:
-    dst = base / "agents" / "hostile"
-    shutil.copytree(FIXTURE, dst, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
-    return dst
+    return copy_agent(FIXTURE, base / "agents" / "hostile")
 
 
 def _by_case(out: dict[str, Any]) -> dict[str, str]:

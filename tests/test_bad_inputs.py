@@ -37,7 +37,7 @@ from typing import Any
 import pytest
 
 from storage import Store
-from tests.conftest import EVALSET, ROOT, SHOP, CliResult, run_cli
+from tests.conftest import EVALSET, ROOT, CliResult, copy_shop, run_cli
 from tests.servers import Server, start_moto
 
 CASES_DIR = Path(__file__).parent / "bad_inputs"
@@ -74,7 +74,7 @@ class Prepared:
     def __init__(self, case: dict[str, Any], base: Path, moto: Server | None) -> None:
         self.base = base
         self.agent = base / "agents" / "shop_agent"
-        shutil.copytree(SHOP, self.agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+        copy_shop(self.agent)
         for name, text in case.get("agent_files", {}).items():
             (self.agent / name).write_text(text)
         self.evalset = base / "input" / "cases.evalset.json"

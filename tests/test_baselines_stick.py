@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests._cli import run_inproc
-from tests.conftest import EVALSET, SHOP
+from tests.conftest import EVALSET, copy_shop
 
 CASES = ["weather_paris", "cart_add_two_items", "greeting_then_weather"]
 CRITERIA = {"tool_trajectory_avg_score": 1.0, "response_match_score": 0.5}
@@ -59,8 +59,7 @@ LAST_GOOD = ("--baseline", "last-good", "--fail-on", "regression")
 @pytest.fixture(scope="module")
 def nights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     base = tmp_path_factory.mktemp("nights")
-    agent = base / "agents" / "shop_agent"
-    shutil.copytree(SHOP, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    agent = copy_shop(base / "agents" / "shop_agent")
     files = _files(agent)
     store = base / "store"
     n1 = _night(files, store, "small", *LAST_GOOD)

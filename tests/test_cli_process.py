@@ -8,7 +8,6 @@ temporary API.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES, ROOT, run_cli
+from tests.conftest import ROOT, copy_shop, run_cli
 
 
 def _processes_with(marker: str) -> list[int]:
@@ -36,9 +35,7 @@ def _processes_with(marker: str) -> list[int]:
 
 
 def test_run_on_the_temporary_api_prints_everything_and_leaves_no_process(tmp_path: Path):
-    agent = tmp_path / "shop_agent"
-    shutil.copytree(EXAMPLES / "shop_agent", agent,
-                    ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    agent = copy_shop(tmp_path / "shop_agent")
     marker = f"EVALSNAP_TEST_MARK={uuid.uuid4().hex}"
     env = {"PREFECT_API_URL": "", "PREFECT_HOME": str(tmp_path / "prefect-home"),
            marker.split("=")[0]: marker.split("=")[1]}
@@ -68,9 +65,7 @@ def test_a_cli_killed_mid_run_leaves_no_process_behind(tmp_path: Path):
     signals it when its parent dies (Linux PR_SET_PDEATHSIG)."""
     if sys.platform != "linux":
         pytest.skip("parent-death signals are Linux-only")
-    agent = tmp_path / "shop_agent"
-    shutil.copytree(EXAMPLES / "shop_agent", agent,
-                    ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    agent = copy_shop(tmp_path / "shop_agent")
     marker = uuid.uuid4().hex
     env = {**os.environ, "PREFECT_API_URL": "", "PREFECT_HOME": str(tmp_path / "home"),
            "EVALSNAP_TEST_MARK": marker}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 from evalsnap.reports.verify import verify_store
 from storage import OBJECT_KINDS, Store
 from tests._cli import run_inproc
-from tests.conftest import ROOT, SHOP, CliResult
+from tests.conftest import ROOT, CliResult, copy_shop
 
 CASES = ["weather_paris", "cart_add_two_items", "cart_add_then_show"]
 CONFIG = {"criteria": {"tool_trajectory_avg_score": 1.0, "response_match_score": 0.5,
@@ -31,8 +30,7 @@ CONFIG = {"criteria": {"tool_trajectory_avg_score": 1.0, "response_match_score":
 @pytest.fixture(scope="module")
 def both(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     base = tmp_path_factory.mktemp("concurrent")
-    agent = base / "agents" / "shop_agent"
-    shutil.copytree(SHOP, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    agent = copy_shop(base / "agents" / "shop_agent")
     config = base / "test_config.json"
     config.write_text(json.dumps(CONFIG))
     store = base / "store"

@@ -27,7 +27,7 @@ import pytest
 
 from evalsnap.records import repo
 from tests._cli import run_inproc
-from tests.conftest import SHOP, CliResult
+from tests.conftest import CliResult, copy_shop
 
 CHANGED_INFERENCE = "weather_two_cities"
 CHANGED_REFERENCE = "weather_unknown_city"
@@ -74,8 +74,7 @@ class Rec:
 @pytest.fixture(scope="module")
 def records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("explain")
-    agent = root / "agents" / "shop_agent"
-    shutil.copytree(SHOP, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    agent = copy_shop(root / "agents" / "shop_agent")
     _patch_tools(agent)
     store = root / "store"
     url = str(store)

@@ -16,7 +16,7 @@ import pytest
 
 from evalsnap.reports.regressions import compare, gate
 from tests._cli import run_inproc
-from tests.conftest import EVALSET, SHOP, CliResult
+from tests.conftest import EVALSET, CliResult, copy_shop
 
 CASES = ["weather_paris", "cart_add_two_items", "greeting_then_weather"]
 CRITERIA = {"tool_trajectory_avg_score": 1.0, "response_match_score": 0.5}
@@ -37,8 +37,7 @@ def small(shop_copy: Path) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def _small_cold(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path], Path, CliResult]:
     base = tmp_path_factory.mktemp("small")
-    agent = base / "agents" / "shop_agent"
-    shutil.copytree(SHOP, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    agent = copy_shop(base / "agents" / "shop_agent")
     small = _small(agent)
     store = base / "store"
     return small, store, _run(run_inproc, small, store, "--json")

@@ -25,8 +25,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tests._cli import run_inproc
-from tests.conftest import ROOT, SHOP
-from tests.servers import Server, gcs_create_bucket, moto_with_bucket, start_fake_gcs
+from tests.conftest import ROOT, copy_shop
+from tests.servers import Server, fake_gcs_with_bucket, moto_with_bucket
 
 CASES_A = ["weather_paris", "cart_add_two_items", "cart_add_then_show"]
 CASES_NEW = ["weather_two_cities", "cart_add_to_prefilled", "cart_show_prefilled",
@@ -44,8 +44,7 @@ _S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("gc")
-    dst = base / "shop_agent"
-    shutil.copytree(SHOP, dst, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    dst = copy_shop(base / "shop_agent")
     (dst / "test_config.json").write_text(json.dumps(CONFIG))
     # A second eval set of the same agent: keep-last counts per eval set.
     other = json.loads((dst / "shop.evalset.json").read_text())
@@ -337,9 +336,7 @@ def test_gc_while_a_run_writes_loses_nothing(backend: str, agent: Path, tmp_path
 # ---- GCS ----------------------------------------------------------------------------------
 
 def test_gcs_smoke(agent: Path) -> None:
-    server = start_fake_gcs()
-    try:
-        gcs_create_bucket(server, BUCKET)
+    with fake_gcs_with_bucket(BUCKET) as server:
         env = {"STORAGE_EMULATOR_HOST": server.url, "NO_GCE_CHECK": "true",
                "GCE_METADATA_HOST": "127.0.0.1:9", "GCE_METADATA_IP": "127.0.0.1:9"}
         store = f"gs://{BUCKET}/gc-{uuid.uuid4().hex[:8]}"
@@ -357,8 +354,6 @@ def test_gcs_smoke(agent: Path) -> None:
         _verify(store, env)
         _shown_fully(store, second["run_id"], CASES_A[:1], env)
         assert _gc(store, "--keep-last", "1", "--grace", "0", env=env)["removed_count"] == 0
-    finally:
-        server.stop()
 
 
 # ---- usage and the flow -------------------------------------------------------------------

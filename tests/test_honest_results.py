@@ -9,14 +9,13 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from evalsnap.pipeline.publish import RECOVERED
 from tests._cli import run_inproc
-from tests.conftest import SHOP
+from tests.conftest import copy_agent, copy_shop
 
 CASES = ["--case", "weather_paris", "--case", "cart_add_two_items"]
 METRICS = ["--metric", "response_match_score", "--metric", "tool_trajectory_avg_score"]
@@ -25,8 +24,7 @@ METRICS = ["--metric", "response_match_score", "--metric", "tool_trajectory_avg_
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("honest")
-    agent = root / "agents" / "shop_agent"
-    shutil.copytree(SHOP, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    agent = copy_shop(root / "agents" / "shop_agent")
     return {"agent": agent, "root": root}
 
 
@@ -80,8 +78,7 @@ def test_lineage_never_names_a_run_without_a_manifest(base, tmp_path):
 def test_a_nul_in_the_eval_set_id_leaves_no_temporary_file(base, tmp_path):
     """The ADK history copy is named after the eval set id: a NUL in it is replaced, and a
     write that fails anyway leaves no ``.tmp-*`` file behind."""
-    agent = tmp_path / "agents" / "shop_agent"
-    shutil.copytree(base["agent"], agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    agent = copy_agent(base["agent"], tmp_path / "agents" / "shop_agent")
     data = json.loads((agent / "shop.evalset.json").read_text())
     odd = agent / "odd.evalset.json"
     odd.write_text(json.dumps({**data, "eval_set_id": "shop\u0000odd"}))

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -33,8 +32,8 @@ import pytest
 
 from evalsnap.reports.verify import verify_store
 from storage import Store
-from tests._cli import run_inproc
-from tests.conftest import ROOT, SHOP, CliResult
+from tests._cli import run_inproc, score_status
+from tests.conftest import ROOT, CliResult, copy_shop
 from tests.servers import Server, moto_with_bucket
 
 CASES = ["weather_paris", "weather_two_cities", "cart_add_two_items", "cart_add_then_show",
@@ -52,16 +51,10 @@ def _case_args() -> list[str]:
     return [a for c in CASES for a in ("--case", c)]
 
 
-def _scores(out: dict[str, Any]) -> dict[tuple[str, str], tuple[Any, str]]:
-    return {(c["eval_id"], m): (v["score"], v["status"])
-            for c in out["cases"] for m, v in c["metrics"].items()}
-
-
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("kill")
-    agent_dir = base / "agents" / "shop_agent"
-    shutil.copytree(SHOP, agent_dir, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    agent_dir = copy_shop(base / "agents" / "shop_agent")
     config = base / "test_config.json"
     config.write_text(json.dumps(CONFIG))
     return {"base": base, "dir": agent_dir, "evalset": agent_dir / "shop.evalset.json",
@@ -177,7 +170,7 @@ def test_resume_repeats_no_finished_inference(resumed: dict[str, Any],
 
 def test_resume_gives_the_scores_of_an_uninterrupted_run(resumed: dict[str, Any],
                                                           uninterrupted: dict[str, Any]) -> None:
-    assert _scores(resumed["resume"].json) == _scores(uninterrupted["run"].json)
+    assert score_status(resumed["resume"].json) == score_status(uninterrupted["run"].json)
     assert resumed["resume"].json["passed"] == uninterrupted["run"].json["passed"]
 
 

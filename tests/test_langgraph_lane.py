@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -36,7 +35,7 @@ from google.genai import types
 from evalsnap.errors import AgentLoadError, UsageError
 from tests._adk_parity import local_eval_service, scores
 from tests._cli import run_inproc
-from tests.conftest import ROOT
+from tests.conftest import ROOT, copy_agent
 
 EXAMPLE = ROOT / "examples" / "langgraph_agent"
 MEMO = ROOT / "tests" / "fixtures" / "langgraph_projects" / "memo_graph"
@@ -48,9 +47,7 @@ DESIGNED_FAILURES = {("trip_wrong_trajectory", "tool_trajectory_avg_score"),
 
 
 def _copy(src: Path, base: Path) -> Path:
-    dst = base / "agents" / src.name
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
-    return dst
+    return copy_agent(src, base / "agents" / src.name)
 
 
 def _scores(result: dict[str, Any]) -> dict[tuple[str, str], tuple[Any, str]]:

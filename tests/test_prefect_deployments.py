@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests._cli import run_inproc
-from tests.conftest import EVALSET, ROOT, SHOP
+from tests.conftest import EVALSET, ROOT, copy_agent, copy_shop
 
 PREFECT = str(Path(sys.executable).parent / "prefect")
 EXPECTED = {
@@ -126,7 +126,7 @@ def worker(tmp_path_factory):
 
 
 def _shop(dst: Path) -> Path:
-    shutil.copytree(SHOP, dst, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    copy_shop(dst)
     return dst
 
 
@@ -169,9 +169,7 @@ def flow_runs(worker, tmp_path_factory) -> dict:
                        "metrics": "response_match_score",
                        "baseline": gate_first.json["run_id"], "fail_on": "regression"}
     # issue 20: the nightly deployment runs a LangGraph agent, its parameters unchanged
-    graph_agent = base / "gate" / "agents" / "langgraph_agent"
-    shutil.copytree(ROOT / "examples" / "langgraph_agent", graph_agent,
-                    ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    graph_agent = copy_agent(ROOT / "examples" / "langgraph_agent", base / "gate" / "agents" / "langgraph_agent")
 
     with get_client(sync_client=True) as client:
         rerun = client.read_deployment_by_name("evalsnap-rescore/rerun")

@@ -9,7 +9,6 @@ process each, since a new process is what they are about.
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,9 +17,9 @@ from typing import Any
 import fsspec
 import pytest
 
-from tests._cli import run_inproc
-from tests.conftest import SHOP, free_port, run_cli
-from tests.servers import Server, gcs_create_bucket, moto_with_bucket, s3_create_bucket, start_fake_gcs, start_moto
+from tests._cli import run_inproc, score_status
+from tests.conftest import copy_shop, free_port, run_cli
+from tests.servers import Server, fake_gcs_with_bucket, moto_with_bucket, s3_create_bucket, start_moto
 
 BUCKET = "evalsnap-e2e"
 
@@ -48,9 +47,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    dst = tmp_path_factory.mktemp("remote") / "shop_agent"
-    shutil.copytree(SHOP, dst, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
-    return dst
+    return copy_shop(tmp_path_factory.mktemp("remote") / "shop_agent")
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +58,8 @@ def moto() -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def fake_gcs() -> Iterator[Server]:
-    server = start_fake_gcs()
-    try:
-        gcs_create_bucket(server, BUCKET)
+    with fake_gcs_with_bucket(BUCKET) as server:
         yield server
-    finally:
-        server.stop()
 
 
 #: Five of the demo's cases (the count is not the point; more than one inference batch is):
@@ -108,11 +101,6 @@ def runs(request: pytest.FixtureRequest) -> dict[str, Any]:
     return request.getfixturevalue(f"{request.param}_runs")
 
 
-def _scores(result: dict[str, Any]) -> dict[tuple[str, str], Any]:
-    return {(c["eval_id"], m): (v["score"], v["status"])
-            for c in result["cases"] for m, v in c["metrics"].items()}
-
-
 def test_cold_run_in_the_bucket_calls_the_models(runs: dict[str, Any]) -> None:
     cold = runs["cold"]
     assert cold.code in (1, 3), cold.stderr[-3000:]
@@ -130,9 +118,9 @@ def test_reuse_from_a_new_process_makes_no_model_calls(runs: dict[str, Any]) -> 
                      if not v["complete"])
     assert warm.json["scored_units"] <= incomplete
     assert warm.json["reused_units"] + warm.json["scored_units"] == cold["scored_units"]
-    complete_before = {k: v for k, v in _scores(cold).items()
+    complete_before = {k: v for k, v in score_status(cold).items()
                        if v[1] != "NOT_EVALUATED"}
-    assert {k: _scores(warm.json)[k] for k in complete_before} == complete_before
+    assert {k: score_status(warm.json)[k] for k in complete_before} == complete_before
     assert all(c["inference_reused"] for c in warm.json["cases"])
 
 

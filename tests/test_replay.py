@@ -19,18 +19,13 @@ from evalsnap.cli import app
 from evalsnap.records import LedgerEntry, ScoreUnit, repo
 from evalsnap.reports.replay import ReplayMismatchError, replay
 from shop_agent import offline_models  # the demo's (examples/ on sys.path)
-from tests._cli import run_inproc
+from tests._cli import run_inproc, score_status
 from tests.conftest import EVALSET, SHOP
 
 FRM = "final_response_match_v2"
 # a few cases keep the CLI runs short: one and two invocations, and the designed FRM failure
 CASES = ["weather_paris", "weather_paris_stale_reference", "cart_add_then_show"]
 ONLY = [a for c in CASES for a in ("--case", c)]
-
-
-def _metrics(result: dict[str, Any]) -> dict[tuple[str, str], tuple[Any, str]]:
-    return {(c["eval_id"], name): (m["score"], m["status"])
-            for c in result["cases"] for name, m in c["metrics"].items()}
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +56,7 @@ def test_replay_gives_identical_scores_with_zero_judge_calls(runs: dict[str, Any
     r = replayed.json
     assert r["kind"] == "replay" and r["judge_calls"] == 0 and r["replay_changes"] == []
     assert r["replayed_record"] == first.json["record_id"]
-    assert _metrics(r) == _metrics(first.json)
+    assert score_status(r) == score_status(first.json)
     assert all(m["judge_calls"] == 0 for c in r["cases"] for m in c["metrics"].values())
 
 
@@ -75,7 +70,7 @@ def test_replay_calls_no_model(runs: dict[str, Any], monkeypatch: pytest.MonkeyP
     result = asyncio.run(replay(repo.open_store(runs["store"]), runs["first"].json["run_id"]))
     result = result.model_dump(mode="json")  # the --json object of `evalsnap replay`
     assert offline_models.counters()["judge_calls"] == 0
-    assert _metrics(result) == _metrics(runs["first"].json) and result["complete"] is \
+    assert score_status(result) == score_status(runs["first"].json) and result["complete"] is \
         runs["first"].json["complete"]
 
 
@@ -96,7 +91,7 @@ def test_replay_after_a_parser_change_recomputes_from_the_same_raw_answers(
     result = asyncio.run(replay(repo.open_store(runs["store"]), runs["first"].json["run_id"]))
     result = result.model_dump(mode="json")  # the --json object of `evalsnap replay`
     assert offline_models.counters()["judge_calls"] == 0 and result["judge_calls"] == 0
-    before, after = _metrics(runs["first"].json), _metrics(result)
+    before, after = score_status(runs["first"].json), score_status(result)
     frm_keys = [k for k in before if k[1] == FRM]
     assert frm_keys and all(after[k] == (0.0, "FAILED") for k in frm_keys)
     assert any(before[k] != after[k] for k in frm_keys)

@@ -21,7 +21,7 @@ import pytest
 
 from evalsnap.records import repo
 from tests._cli import run_inproc
-from tests.conftest import SHOP
+from tests.conftest import copy_shop
 
 PAYLOAD = "Expect rain <script>alert(1)</script><img src=x onerror=alert(2)> \"q\" & 'a' </td></table>"
 CRAFTED_CASE = "weather_paris_stale_reference"
@@ -35,8 +35,7 @@ def _ok(r: Any, what: str) -> dict[str, Any]:
 
 def crafted_shop(root: Path) -> tuple[Path, Path]:
     """A copy of the demo agent whose eval set holds markup in one expected answer."""
-    agent = root / "agents" / "shop_agent"
-    shutil.copytree(SHOP, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    agent = copy_shop(root / "agents" / "shop_agent")
     evalset = agent / "shop.evalset.json"
     data = json.loads(evalset.read_text("utf-8"))
     case = next(c for c in data["eval_cases"] if c["eval_id"] == CRAFTED_CASE)
@@ -389,8 +388,7 @@ def test_s3_store_publishes_and_reports(tmp_path: Path) -> None:
     from tests.servers import s3_create_bucket, start_moto
     from tests.test_remote_stores import _env
 
-    agent = tmp_path / "shop_agent"
-    shutil.copytree(SHOP, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    agent = copy_shop(tmp_path / "shop_agent")
     server = start_moto()
     try:
         s3_create_bucket(server, "reports")

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from evalsnap.records import EvaluationRecord, Snapshot, repo
-from tests._cli import run_inproc
+from tests._cli import run_inproc, score_status
 from tests.conftest import SHOP
 
 
@@ -26,11 +26,6 @@ def base(tmp_path_factory: pytest.TempPathFactory, golden_demo) -> dict:
     assert result.code in (0, 1, 3), result.stderr[-3000:]
     return {"agent": agent, "store": str(store), "run": result.json,
             "config": str(agent / "test_config.json")}
-
-
-def _scores(result: dict) -> dict[tuple[str, str], tuple]:
-    return {(c["eval_id"], m): (v["score"], v["status"])
-            for c in result["cases"] for m, v in c["metrics"].items()}
 
 
 def _incomplete(result: dict) -> set[tuple[str, str]]:
@@ -95,7 +90,7 @@ def test_force_after_editing_and_deleting_the_eval_set_scores_identically(
     assert out["agent_calls"] == 0 and out["reused_units"] == 0
     assert out["scored_units"] == sum(len(c["metrics"]) for c in base["run"]["cases"])
     assert all(v["why"] == "forced" for c in out["cases"] for v in c["metrics"].values())
-    assert _scores(out) == _scores(base["run"])
+    assert score_status(out) == score_status(base["run"])
     store = repo.open_store(base["store"])
     new = repo.get(store, EvaluationRecord, out["record_id"])
     old = repo.get(store, EvaluationRecord, base["run"]["record_id"])  # both records remain

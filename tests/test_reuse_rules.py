@@ -28,7 +28,7 @@ import pytest
 
 from evalsnap.records import EvaluationRecord, ScoreUnit, repo
 from tests._cli import run_inproc
-from tests.conftest import SHOP, CliResult
+from tests.conftest import CliResult, copy_shop
 
 CASES = ("weather_paris", "cart_add_two_items", "greeting_then_weather",
          "weather_paris_stale_reference")
@@ -110,8 +110,7 @@ class Base:
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory: pytest.TempPathFactory) -> Base:
     root = tmp_path_factory.mktemp("reuse_rules")
-    agent = root / "agents" / "shop_agent"
-    shutil.copytree(SHOP, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    agent = copy_shop(root / "agents" / "shop_agent")
     store = root / "store"
     first = run_inproc(*run_args(agent, store))
     assert first.code in (0, 1), f"expected the base run to finish (exit 0/1), got {first.code}: " \

@@ -28,7 +28,7 @@ import pytest
 from evalsnap.records import EvaluationRecord, ManifestEntry, repo
 from storage import Store
 from tests._cli import run_inproc
-from tests.conftest import SHOP, CliResult
+from tests.conftest import CliResult, copy_shop
 from tests.servers import Server, start_moto
 from tests.test_remote_stores import _env
 
@@ -47,8 +47,7 @@ def _run(agent: Path, store: str, *extra: str, env: dict[str, str] | None = None
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("store-faults")
-    agent = root / "shop_agent"
-    shutil.copytree(SHOP, agent, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    agent = copy_shop(root / "shop_agent")
     store = root / "store"
     cold = _run(agent, str(store))
     assert cold.code == 0, cold.stderr[-3000:]

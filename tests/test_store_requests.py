@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +22,7 @@ import boto3
 import pytest
 
 from tests._cli import run_inproc
-from tests.conftest import SHOP, run_cli
+from tests.conftest import copy_shop, run_cli
 from tests.servers import Server, moto_with_bucket
 from tests.test_remote_stores import _env
 
@@ -38,9 +37,7 @@ def moto() -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    dst = tmp_path_factory.mktemp("requests") / "shop_agent"
-    shutil.copytree(SHOP, dst, ignore=shutil.ignore_patterns("__pycache__", ".adk"))
-    return dst
+    return copy_shop(tmp_path_factory.mktemp("requests") / "shop_agent")
 
 
 def _client(moto: Server) -> Any:

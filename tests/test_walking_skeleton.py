@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import shutil
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from tests._adk_parity import local_eval_service, scores
-from tests._cli import run_inproc
-from tests.conftest import run_cli
+from tests._cli import run_inproc, score_status
+from tests.conftest import copy_shop, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -20,9 +19,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory):
     run in a process of its own, as a user runs it (stdout holds one JSON object), the rest
     in this process (:mod:`tests._cli`)."""
     base = tmp_path_factory.mktemp("demo")
-    agent = base / "agents" / "shop_agent"
-    shutil.copytree(Path(__file__).parent.parent / "examples" / "shop_agent", agent,
-                    ignore=shutil.ignore_patterns("__pycache__", ".adk"))
+    agent = copy_shop(base / "agents" / "shop_agent")
     store = base / "store"
     evalset = agent / "shop.evalset.json"
     cold = run_cli("run", str(agent), str(evalset), "--store", str(store), "--json")
@@ -33,11 +30,6 @@ def demo(tmp_path_factory: pytest.TempPathFactory):
     shown = run_inproc("show", cold.json["record_id"], "--store", str(store), "--json")
     return {"agent": agent, "store": store, "evalset": evalset, "cold": cold, "warm": warm,
             "warm2": warm2, "shown": shown}
-
-
-def _scores(result: dict) -> dict:
-    return {(c["eval_id"], m): (v["score"], v["status"])
-            for c in result["cases"] for m, v in c["metrics"].items()}
 
 
 def test_cold_run_prints_one_json_object_and_scores_every_unit(demo):
@@ -97,7 +89,7 @@ def test_reuse_makes_no_model_call_and_prints_the_same_scores(demo):
     # reused; every complete unit is.
     assert warm["scored_units"] == len(incomplete)
     assert warm["reused_units"] == cold["scored_units"] - len(incomplete)
-    assert _scores(warm) == _scores(cold)
+    assert score_status(warm) == score_status(cold)
     for case in warm["cases"]:
         for name, m in case["metrics"].items():
             if (case["eval_id"], name) in incomplete:
@@ -109,7 +101,7 @@ def test_reuse_makes_no_model_call_and_prints_the_same_scores(demo):
 def test_repeated_reuse_runs_agree(demo):
     warm, warm2 = demo["warm"].json, demo["warm2"].json
     assert demo["warm2"].code == demo["warm"].code
-    assert _scores(warm2) == _scores(warm)
+    assert score_status(warm2) == score_status(warm)
     assert (warm2["agent_calls"], warm2["judge_calls"]) == (0, 0)
     assert warm2["scored_units"] == warm["scored_units"]
 

@@ -13,19 +13,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # what __getattr__ below hands out, for the type checker
-    from evalsnap.cli._app import (  # noqa: F401
-        JsonOpt,
-        OptionOpt,
-        StoreOpt,
-        _emit,
-        _handled,
-        _open_store,
-        _print_json,
-        app,
-        err,
-        out,
-    )
+if TYPE_CHECKING:  # the names of __getattr__ below used from outside, for the type checker
+    from evalsnap.cli._app import app, err, out  # noqa: F401
 
 __all__ = ["main"]
 

@@ -49,6 +49,7 @@ StoreOpt = Annotated[str, typer.Option("--store", envvar="EVALSNAP_STORE",
 OptionOpt = Annotated[list[str] | None, typer.Option(
     "--storage-option", help="KEY=VALUE passed to the fsspec backend (repeatable)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout")]
+RunArg = Annotated[str, typer.Argument(help="Run id, record id or 'latest'")]
 RunnerOpt = Annotated[str | None, typer.Option(
     "--task-runner", envvar="EVALSNAP_TASK_RUNNER",
     help="Where tasks run: threads (default) or dask (local cluster, or --dask-address)")]
@@ -123,6 +124,13 @@ def _handled(commits: Any = None) -> Iterator[None]:
     except Exception as exc:  # noqa: BLE001 - a crash is never a quality verdict
         crash_message(exc, commits.published() if commits is not None else [])
         raise typer.Exit(exitcodes.exit_code(exitcodes.Failed(exc))) from None
+
+
+@contextmanager
+def _opened(url: str, storage_option: list[str] | None, *, write: bool = False) -> Iterator[Any]:
+    """A command's store (:func:`_open_store`), opened and used under :func:`_handled`."""
+    with _handled():
+        yield _open_store(url, storage_option, write=write)
 
 
 def crash_message(exc: BaseException, published: list[Any] | None = None) -> None:
@@ -367,7 +375,7 @@ def rescore(
 
 @app.command()
 def show(
-    record: Annotated[str, typer.Argument(help="Run id, record id or 'latest'")],
+    record: RunArg,
     store: StoreOpt = ".evalsnap",
     storage_option: OptionOpt = None,
     all_repetitions: Annotated[bool, typer.Option(
@@ -377,8 +385,7 @@ def show(
     """Show a record with everything it links resolved."""
     from evalsnap.reports.show import full_record
 
-    with _handled():
-        s = _open_store(store, storage_option)
+    with _opened(store, storage_option) as s:
         oid, rec = repo.resolve_record(s, record)
         if as_json:
             sys.stdout.write(json.dumps(full_record(s, oid, rec), default=str) + "\n")

@@ -8,13 +8,13 @@ import typer
 from rich.markup import escape
 
 from evalsnap import exitcodes
-from evalsnap.cli._app import JsonOpt, OptionOpt, StoreOpt, _handled, _open_store, _print_json, app, out
+from evalsnap.cli._app import JsonOpt, OptionOpt, RunArg, StoreOpt, _opened, _print_json, app, out
 from evalsnap.records import marks, repo
 
 
 @app.command()
 def explain(
-    record: Annotated[str, typer.Argument(help="Run id, record id or 'latest'")],
+    record: RunArg,
     store: StoreOpt = ".evalsnap",
     storage_option: OptionOpt = None,
     as_json: JsonOpt = False,
@@ -23,8 +23,7 @@ def explain(
     from evalsnap.reports.explain import explain as explain_record
     from evalsnap.reports.explain import explain_table
 
-    with _handled():
-        s = _open_store(store, storage_option)
+    with _opened(store, storage_option) as s:
         oid, rec = repo.resolve_record(s, record)
         result = explain_record(s, oid, rec)
     if as_json:
@@ -49,8 +48,7 @@ def diff(
     from evalsnap.reports.diff import diff as diff_records
     from evalsnap.reports.diff import diff_table, moved, nothing_moved
 
-    with _handled():
-        s = _open_store(store, storage_option)
+    with _opened(store, storage_option) as s:
         a_oid, a = repo.resolve_record(s, record_a)
         b_oid, b = repo.resolve_record(s, record_b)
         result = diff_records(s, a_oid, a, b_oid, b)
@@ -71,8 +69,7 @@ def ls(
     as_json: JsonOpt = False,
 ) -> None:
     """Runs, snapshots and records in the store, newest first."""
-    with _handled():
-        s = _open_store(store, storage_option)
+    with _opened(store, storage_option) as s:
         manifests = repo.list_manifests(s)
         pins, bad_pins = marks.pins(s)
         acceptances, bad_acceptances = marks.accepted(s)

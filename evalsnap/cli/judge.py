@@ -8,12 +8,12 @@ from typing import Annotated
 
 import typer
 
-from evalsnap.cli._app import JsonOpt, OptionOpt, StoreOpt, _emit, _handled, _open_store, app
+from evalsnap.cli._app import JsonOpt, OptionOpt, RunArg, StoreOpt, _emit, _handled, _open_store, app
 
 
 @app.command()
 def replay(
-    record: Annotated[str, typer.Argument(help="Run id, record id or 'latest'")],
+    record: RunArg,
     store: StoreOpt = ".evalsnap",
     storage_option: OptionOpt = None,
     agent: Annotated[str | None, typer.Option(

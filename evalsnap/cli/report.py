@@ -13,9 +13,11 @@ from evalsnap import errors
 from evalsnap.cli._app import (
     JsonOpt,
     OptionOpt,
+    RunArg,
     StoreOpt,
     _handled,
     _open_store,
+    _opened,
     _print_json,
     app,
     err,
@@ -43,7 +45,7 @@ def _write(path: str, data: bytes, what: str) -> str:
 
 @app.command()
 def report(
-    record: Annotated[str, typer.Argument(help="Run id, record id or 'latest'")],
+    record: RunArg,
     html_out: Annotated[str | None, typer.Option(
         "--html", help="Write the self-contained HTML page here")] = None,
     junit_out: Annotated[str | None, typer.Option(
@@ -118,8 +120,7 @@ def history(
 
     if flaky:
         return _flaky(evalset, store, storage_option, last or 10, as_json)
-    with _handled():
-        s = _open_store(store, storage_option)
+    with _opened(store, storage_option) as s:
         points = runs_of(s, evalset, last)
         if not points:
             raise errors.NotFoundError(f"no readable run of eval set {evalset!r} in store "
@@ -135,8 +136,7 @@ def _flaky(evalset: str, store: str, storage_option: list[str] | None, last: int
     """``history EVALSET --flaky``."""
     from evalsnap.reports.history import _runs_of, flaky_cases, flaky_table
 
-    with _handled():
-        s = _open_store(store, storage_option)
+    with _opened(store, storage_option) as s:
         if not _runs_of(s, evalset):
             raise errors.NotFoundError(f"no run of eval set {evalset!r} in store {s.url}; list "
                                        "eval sets and runs with `evalsnap ls`.")

@@ -35,6 +35,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from evalsnap.pipeline import leftovers
+
 if TYPE_CHECKING:
     from evalsnap.pipeline.commits import Commits
 
@@ -162,18 +164,7 @@ def stop_children() -> int:
         children = psutil.Process().children(recursive=True)
     except psutil.Error:
         return 0
-    for child in children:
-        try:
-            child.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(children, timeout=CHILD_WAIT)
-    for child in alive:
-        try:
-            child.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=CHILD_WAIT)
+    leftovers.stop(children, CHILD_WAIT)
     return len(children)
 
 

@@ -9,12 +9,12 @@ import typer
 from rich.markup import escape
 
 from evalsnap import exitcodes
-from evalsnap.cli import (
+from evalsnap.cli._app import (
     JsonOpt,
     OptionOpt,
+    RunArg,
     StoreOpt,
-    _handled,
-    _open_store,
+    _opened,
     _print_json,
     app,
     err,
@@ -23,8 +23,6 @@ from evalsnap.cli import (
 
 if TYPE_CHECKING:
     from evalsnap.records import RunManifest
-
-RunArg = Annotated[str, typer.Argument(help="Run id, record id or 'latest'")]
 
 
 @app.command()
@@ -36,8 +34,7 @@ def verify(
     """Re-hash and parse every object, follow every run manifest. Exit 1 if anything is wrong."""
     from evalsnap.reports.verify import verify_store
 
-    with _handled():
-        s = _open_store(store, storage_option)
+    with _opened(store, storage_option) as s:
         report = verify_store(s)
     if as_json:
         _print_json(report.as_dict())
@@ -74,8 +71,7 @@ def gc(
     from evalsnap.reports.lastgood import is_good
     from evalsnap.reports.site import after_gc
 
-    with _handled():
-        s = _open_store(store, storage_option)  # never writes v1/STORE: gc is not a writer
+    with _opened(store, storage_option) as s:  # never writes v1/STORE: gc is not a writer
         report = collect(s, good=is_good, keep_last=keep_last, older_than_days=older_than,
                          grace=parse_duration(grace), dry_run=dry_run)
         after_gc(s, report)  # the site stops listing and linking the removed runs
@@ -109,8 +105,7 @@ def import_adk_history(
     """Import ADK *.evalset_result.json files as records of kind 'import' (no snapshot)."""
     from evalsnap.adk.history import import_history
 
-    with _handled():
-        s = _open_store(store, storage_option, write=True)
+    with _opened(store, storage_option, write=True) as s:
         imported = import_history(s, directory, app_name)
     if as_json:
         _print_json({"store": s.url, "imported": imported})
@@ -149,8 +144,7 @@ def accept(
     run passes its gate), and gc keeps it."""
     from evalsnap.records import marks
 
-    with _handled():
-        s = _open_store(store, storage_option, write=True)
+    with _opened(store, storage_option, write=True) as s:
         mark = marks.accept(s, _manifest_of(s, run), note)
     if as_json:
         _print_json({"store": s.url, "accepted": mark.model_dump()})
@@ -173,8 +167,7 @@ def pin(
     """Pin a run: gc keeps it, and everything it names, until it is unpinned."""
     from evalsnap.records import marks
 
-    with _handled():
-        s = _open_store(store, storage_option, write=True)
+    with _opened(store, storage_option, write=True) as s:
         mark = marks.pin(s, _manifest_of(s, run), label)
     if as_json:
         _print_json({"store": s.url, "pinned": mark.model_dump()})
@@ -196,8 +189,7 @@ def unpin(
     from evalsnap.errors import NotFoundError
     from evalsnap.records import marks, repo
 
-    with _handled():
-        s = _open_store(store, storage_option, write=True)
+    with _opened(store, storage_option, write=True) as s:
         run_id = run
         if s.get_ref(marks.PINS, repo.ref_name(run)) is None:  # a record id, or latest
             run_id = repo.resolve_record(s, run)[1].run_id

@@ -16,6 +16,7 @@ import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,25 @@ def _descendants() -> dict[int, float]:
     return out
 
 
+def stop(processes: list[Any], wait: float) -> None:
+    """Stops and reaps ``processes`` (psutil's): SIGTERM, then SIGKILL to those still alive
+    after ``wait`` seconds; one already gone is passed over."""
+    import psutil
+
+    for proc in processes:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(processes, timeout=wait)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=wait)
+
+
 def stop_new(before: dict[int, float]) -> int:
     """Stops and reaps every descendant not in ``before`` (pid → start time); how many."""
     import psutil
@@ -67,18 +87,7 @@ def stop_new(before: dict[int, float]) -> int:
             new.append(psutil.Process(pid))
         except psutil.Error:
             continue
-    for proc in new:
-        try:
-            proc.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(new, timeout=_WAIT)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=_WAIT)
+    stop(new, _WAIT)
     if new:
         logger.warning("stopped %d process(es) the agent's tools left running after inference",
                        len(new))

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from evalsnap.records.record import TokenCounts
+from evalsnap.records._base import CaseRepetition
+from evalsnap.records.record import TokenCounts, UnitKey
 
 
-class InferenceOutcome(BaseModel):
+class InferenceOutcome(CaseRepetition):
     """What an inference task returns: ids, not the inference itself."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    eval_id: str
-    repetition: int = 0
     oid: str
     fingerprint: str
     status: Literal["success", "failure"]
@@ -25,18 +22,9 @@ class InferenceOutcome(BaseModel):
     error: str | None = None
 
 
-class UnitOutcome(BaseModel):
+class UnitOutcome(UnitKey):
     """What a scoring task returns per unit."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    eval_id: str
-    repetition: int = 0
-    metric_name: str
-    unit_oid: str
-    unit_fingerprint: str
-    case_fingerprint: str
-    rule_fingerprint: str
     complete: bool
     status: str
     score: float | None = None

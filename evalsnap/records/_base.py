@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from evalsnap.errors import CorruptRecordError, UnsupportedSchemaVersion
 from evalsnap.jsonsafe import strict_json
 
-__all__ = ["CorruptRecordError", "StoredModel", "first_problem", "parse_stored"]  # the error: evalsnap.errors
+__all__ = ["CaseRepetition", "CorruptRecordError", "FrozenModel", "StoredModel", "first_problem",
+           "parse_stored"]  # the error: evalsnap.errors
 
 #: What to do about a stored file that cannot be read, unless the caller knows better.
 VERIFY_ADVICE = ("run `evalsnap verify` to list every damaged file, delete this one and "
@@ -50,10 +51,23 @@ def _not_json(what: str, reason: str, advice: str) -> CorruptRecordError:
     return CorruptRecordError(f"{what} is not valid JSON ({reason}); {advice}.")
 
 
-class StoredModel(BaseModel):
-    """A record written to the store. ``schema_version`` comes first in every record."""
+class FrozenModel(BaseModel):
+    """A strict, immutable value: a field it does not declare is an error."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CaseRepetition(FrozenModel):
+    """A value about one case × repetition: these two fields come first."""
+
+    eval_id: str
+    repetition: int = 0
+
+
+class StoredModel(FrozenModel):
+    """A record written to the store. ``schema_version`` comes first in every record (a
+    record that moves to version 2 declares ``schema_version: int = 2`` and
+    ``SCHEMA_VERSION = 2``)."""
 
     KIND: ClassVar[str] = "object"
     SCHEMA_VERSION: ClassVar[int] = 1
@@ -62,6 +76,9 @@ class StoredModel(BaseModel):
     the stored bytes (they read back as their defaults), so the same work gives the same
     object, and writing it again repairs a damaged copy (``Store.put_object``). Who made an
     object is said by the run manifests and index entries that name it."""
+
+    schema_version: int = 1
+    """Format version of the record."""
 
     def to_bytes(self) -> bytes:
         """The bytes stored: JSON, keys sorted so equal records give equal objects."""

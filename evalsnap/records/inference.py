@@ -5,15 +5,13 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 from google.adk.evaluation.eval_case import Invocation
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from evalsnap.records._base import StoredModel
+from evalsnap.records._base import FrozenModel, StoredModel
 
 
-class ModelUsage(BaseModel):
+class ModelUsage(FrozenModel):
     """The usage one model response reported, as the model-boundary plugin saw it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str | None = None
     """The model version the response names (None: it names none)."""
@@ -27,8 +25,6 @@ class InferenceRecord(StoredModel):
     KIND: ClassVar[str] = "inference"
     SCHEMA_VERSION: ClassVar[int] = 1
 
-    schema_version: int = 1
-    """Format version of this record."""
     inference_fingerprint: str
     """Agent identity + case inputs + repetition + google-adk version."""
     eval_set_id: str

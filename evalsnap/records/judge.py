@@ -16,8 +16,6 @@ class LedgerEntry(StoredModel):
     VOLATILE: ClassVar[frozenset[str]] = frozenset({"run_id", "created_at"})
     SCHEMA_VERSION: ClassVar[int] = 1
 
-    schema_version: int = 1
-    """Format version."""
     metric_name: str
     """Metric whose evaluator asked the judge."""
     eval_id: str

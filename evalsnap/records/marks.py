@@ -73,20 +73,23 @@ class Mark(BaseModel):
     record_id: _Oid
 
 
-class Acceptance(Mark):
-    """``evalsnap accept RUN``: the run is a good baseline from now on."""
+class _Signed(Mark):
+    """A mark a person set: who, and when."""
 
     by: _Text
     at: _Text
     """When (UTC, ISO 8601)."""
+
+
+class Acceptance(_Signed):
+    """``evalsnap accept RUN``: the run is a good baseline from now on."""
+
     note: _Text | None = None
 
 
-class Pin(Mark):
+class Pin(_Signed):
     """``evalsnap pin RUN``: gc keeps the run (and everything it names)."""
 
-    by: _Text
-    at: _Text
     label: _Text | None = None
 
 

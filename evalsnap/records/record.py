@@ -5,24 +5,26 @@ from __future__ import annotations
 import json
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from evalsnap.exitcodes import FailOn
-from evalsnap.records._base import StoredModel
+from evalsnap.records._base import CaseRepetition, FrozenModel, StoredModel
 
 
-class UnitRef(BaseModel):
-    """A unit in a record: where its result lives and why it was (re)computed."""
+class UnitKey(CaseRepetition):
+    """A scored unit: its case × repetition and metric, where it lives and its fingerprints
+    (the first fields of a record's unit and of what a scoring task returns)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    eval_id: str
-    repetition: int = 0
     metric_name: str
     unit_oid: str
     unit_fingerprint: str
     case_fingerprint: str
     rule_fingerprint: str
+
+
+class UnitRef(UnitKey):
+    """A unit in a record: where its result lives and why it was (re)computed."""
+
     reused: bool
     reused_from_run: str | None = None
     """Run that scored the unit, when reused."""
@@ -34,7 +36,7 @@ class UnitRef(BaseModel):
     ``incomplete before``, ``no trusted version``; or ``reused``."""
 
 
-class TokenCounts(BaseModel):
+class TokenCounts(FrozenModel):
     """Tokens summed over model responses' usage metadata.
 
     A count is None when no response reported it (unavailable, not zero). ``input_tokens``
@@ -44,8 +46,6 @@ class TokenCounts(BaseModel):
     ``thoughts_tokens`` part of the output.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
     input_tokens: int | None = None
     output_tokens: int | None = None
     total_tokens: int | None = None
@@ -53,10 +53,8 @@ class TokenCounts(BaseModel):
     thoughts_tokens: int | None = None
 
 
-class EfficiencyValue(BaseModel):
+class EfficiencyValue(FrozenModel):
     """One of ADK's informational efficiency metrics on one inference, as ADK computes it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     value: float | None = None
     """ADK's overall value: the per-invocation average; None where ADK gives None (n/a)."""
@@ -67,22 +65,23 @@ class EfficiencyValue(BaseModel):
     ``invocation_duration_v1``: model, tool and framework seconds)."""
 
 
-class ModelPrice(BaseModel):
+class ModelPrice(FrozenModel):
     """Price of one model, per million tokens (``evalsnapPrices`` in test_config.json)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     input_per_million: float
     output_per_million: float
 
 
-class InferenceRef(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class InferenceKey(CaseRepetition):
+    """A stored inference: its case × repetition, where it lives and its fingerprint (the
+    first fields of a record's inference and of a snapshot's frozen case)."""
 
-    eval_id: str
-    repetition: int = 0
     inference_oid: str
+    """Object id of the InferenceRecord (its content hash)."""
     inference_fingerprint: str
+
+
+class InferenceRef(InferenceKey):
     status: Literal["success", "failure"]
     reused: bool
     model_calls: int = 0
@@ -96,9 +95,7 @@ class InferenceRef(BaseModel):
     """``tokens`` by the model version the responses name (``<unreported>`` where none)."""
 
 
-class RunSummary(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class RunSummary(FrozenModel):
     complete: bool
     passed: bool
     agent_calls: int
@@ -128,11 +125,9 @@ class RunSummary(BaseModel):
     """Why ``estimated_cost`` is None."""
 
 
-class CaseStability(BaseModel):
+class CaseStability(FrozenModel):
     """How many repetitions a case got under ``--until-stable``, and why it stopped
     (:mod:`evalsnap.pipeline.stability`)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     repetitions: int
     stopped: Literal["stable", "max", "incomplete"]
@@ -140,10 +135,8 @@ class CaseStability(BaseModel):
     still in doubt; ``incomplete``: a repetition could not be scored."""
 
 
-class Coverage(BaseModel):
+class Coverage(FrozenModel):
     """What part of its eval set and config a record covers."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     full: bool
     """Every case of the eval set and every metric of the config (a rescore: of a full
@@ -168,10 +161,8 @@ class Coverage(BaseModel):
     """With ``until_stable``: per eval_id, the repetitions it got and why it stopped."""
 
 
-class Baseline(BaseModel):
+class Baseline(FrozenModel):
     """The earlier record a run was compared with (``--baseline``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     requested: str
     """What was asked: a run id, a record id, ``latest`` or ``last-good``."""
@@ -192,7 +183,6 @@ class EvaluationRecord(StoredModel):
     KIND: ClassVar[str] = "record"
     SCHEMA_VERSION: ClassVar[int] = 1
 
-    schema_version: int = 1
     run_id: str
     kind: Literal["run", "rescore", "import"] = "run"
     eval_set_id: str
@@ -236,9 +226,7 @@ class EvaluationRecord(StoredModel):
         return self.coverage is None or self.coverage.full
 
 
-class ManifestEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class ManifestEntry(FrozenModel):
     kind: str
     oid: str
 
@@ -249,7 +237,6 @@ class RunManifest(StoredModel):
     KIND: ClassVar[str] = "manifest"
     SCHEMA_VERSION: ClassVar[int] = 1
 
-    schema_version: int = 1
     run_id: str
     eval_set_id: str
     app_name: str

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from evalsnap.records._base import StoredModel
+from evalsnap.records._base import FrozenModel, StoredModel
+from evalsnap.records.record import InferenceKey
 
 
-class EvaluatorIdentity(BaseModel):
+class EvaluatorIdentity(FrozenModel):
     """What implements a metric. Part of the rule fingerprint."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["builtin", "custom_function", "custom_class"]
     """How the metric is provided."""
@@ -31,10 +30,8 @@ class EvaluatorIdentity(BaseModel):
         return self.kind == "builtin" or self.version is not None
 
 
-class MetricRule(BaseModel):
+class MetricRule(FrozenModel):
     """One metric with everything resolved: criterion with defaults, evaluator identity."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     metric_name: str
     """Name under ``criteria``."""
@@ -52,16 +49,9 @@ class MetricRule(BaseModel):
     """Fingerprint of (metric name, criterion, evaluator identity)."""
 
 
-class FrozenCase(BaseModel):
+class FrozenCase(InferenceKey):
     """One case × repetition: the inference it refers to and the full reference."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    eval_id: str
-    repetition: int = 0
-    inference_oid: str
-    """Object id of the InferenceRecord (its content hash)."""
-    inference_fingerprint: str
     inference_ok: bool
     reference: dict[str, Any]
     """The full ADK EvalCase as given (conversation or scenario, rubrics, final state)."""
@@ -76,8 +66,6 @@ class Snapshot(StoredModel):
     VOLATILE: ClassVar[frozenset[str]] = frozenset({"created_at"})
     SCHEMA_VERSION: ClassVar[int] = 1
 
-    schema_version: int = 1
-    """Format version."""
     eval_set_id: str
     """ADK eval set id."""
     eval_set_name: str | None = None

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from evalsnap.records._base import StoredModel
+from evalsnap.records._base import FrozenModel, StoredModel
 
 Status = Literal["PASSED", "FAILED", "NOT_EVALUATED", "INFORMATIONAL"]
 
 
-class UnitRow(BaseModel):
+class UnitRow(FrozenModel):
     """One per actual invocation, in order."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     invocation_index: int
     score: float | None = None
@@ -29,7 +27,6 @@ class ScoreUnit(StoredModel):
     VOLATILE: ClassVar[frozenset[str]] = frozenset({"run_id", "created_at"})
     SCHEMA_VERSION: ClassVar[int] = 1
 
-    schema_version: int = 1
     unit_fingerprint: str
     """Fingerprint of (case fingerprint, rule fingerprint): the reuse key."""
     case_fingerprint: str

@@ -23,9 +23,8 @@ if str(REPO) not in sys.path:
 from storage import Store  # noqa: E402
 from tests.servers import (  # noqa: E402
     Server,
-    gcs_create_bucket,
+    fake_gcs_with_bucket,
     moto_with_bucket,
-    start_fake_gcs,
 )
 
 BUCKET = "evalsnap-test"
@@ -60,12 +59,8 @@ def moto_server() -> Iterator[Server]:
 
 @pytest.fixture(scope="session")
 def gcs_server() -> Iterator[Server]:
-    server = start_fake_gcs()
-    try:
-        gcs_create_bucket(server, BUCKET)
+    with fake_gcs_with_bucket(BUCKET) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(autouse=True)
