@@ -136,6 +136,14 @@ def scoring_pool(plan: Plan, run: RunOptions, runner: str) -> Iterator[Any]:
                       plan.context.storage_options, _flow_run_id(), plan.sys_paths,
                       plan.metric_names, (plan.agent_dir, plan.agent_name),
                       os.getpid())) as pool:
+        # Its processes start now, before the inference: Prefect's submit hands the call to
+        # the executor from a thread of its own, later, so a process could otherwise start
+        # during the inference and be stopped there as a process the agent's tools left
+        # (pipeline/leftovers.py). The executor starts a process per call while none is idle.
+        executor = getattr(pool, "_executor", None)
+        if executor is not None:
+            for _ in range(s.scoring_process_count):
+                executor.submit(int)
         pool.submit(prepare_scoring_task, {})
         yield pool
 

@@ -71,3 +71,28 @@ def test_a_scoring_process_gives_the_units_of_one_process(shop_copy: Path, tmp_p
     assert _processes_with(marker) == [], "the scoring process outlived the CLI"
     verify = run_inproc("verify", "--store", pooled_store)
     assert verify.code == 0, verify.stdout + verify.stderr[-2000:]
+
+
+def test_the_pool_starts_its_processes_before_the_inference(tmp_path: Path) -> None:
+    """Prefect's pool submits from a thread of its own, later: a scoring process started
+    during the inference would be stopped there as one the agent's tools left behind
+    (``pipeline/leftovers.py``). The pool's processes exist when ``scoring_pool`` yields."""
+    from types import SimpleNamespace
+
+    import psutil
+
+    from evalsnap.settings import Settings
+    from tasks.score import scoring_pool
+    from tests.conftest import SHOP
+
+    settings = Settings(score_processes=1, score_pool_min_units=0)
+    plan = SimpleNamespace(
+        context=SimpleNamespace(settings=settings, storage_options={}),
+        inference_total=2, metric_names=["a", "b"], store_url=str(tmp_path / "store"),
+        sys_paths=[str(SHOP.parent)], agent_dir=str(SHOP), agent_name=None)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with scoring_pool(plan, SimpleNamespace(reuse=False, force=False), "threads") as pool:
+        assert pool is not None
+        started = [p for p in psutil.Process().children(recursive=True)
+                   if p.pid not in before and "spawn_main" in " ".join(p.cmdline())]
+        assert len(started) == 1, [p.cmdline() for p in started]
