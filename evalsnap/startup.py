@@ -41,7 +41,7 @@ from evalsnap._deferred import (
 
 __all__ = ["LAZY_MODULES", "NEEDED_BY_METRIC", "OPTIONAL_IMPORTED_PER_CALL", "DeferredModule",
            "apply_defaults", "child_start", "cli_start", "die_with_parent",
-           "exit_without_teardown", "install", "leave_now", "module_command",
+           "exit_without_teardown", "install", "leave_now", "module_command", "on_temporary_api",
            "prestart_ephemeral_api", "prestart_for_command", "preload", "preload_flow_engine",
            "remember_missing", "wait_for_ephemeral_api", "wait_healthy"]
 
@@ -201,6 +201,12 @@ def preload_flow_engine() -> None:
     import fastapi.encoders  # noqa: F401
     import prefect.flow_engine  # noqa: F401
     import prefect.task_engine  # noqa: F401
+
+
+def on_temporary_api() -> bool:
+    """True when this process talks to the temporary API it started (gone when it exits:
+    nothing should link to it)."""
+    return _api_url is not None and os.environ.get("PREFECT_API_URL") == _api_url
 
 
 def wait_for_ephemeral_api(timeout: float = 90.0) -> None:

@@ -366,10 +366,15 @@ def _run_logger() -> Any:
 
 
 def current_flow_run_url() -> str | None:
-    """The Prefect UI's page of the flow run this runs in; None outside a flow run or
-    without a UI URL (a link is a view: never an error)."""
+    """The Prefect UI's page of the flow run this runs in; None outside a flow run, without
+    a UI URL, or on the CLI's temporary API (it is gone when the run ends: a page must not
+    link it). A link is a view: never an error."""
     from prefect.runtime import flow_run
 
+    from evalsnap import startup
+
+    if startup.on_temporary_api():
+        return None
     try:
         url = flow_run.ui_url
     except Exception:  # noqa: BLE001 - a link is a view; what needs it goes on without

@@ -46,6 +46,11 @@ def test_run_on_the_temporary_api_prints_everything_and_leaves_no_process(tmp_pa
     assert summary["exit_code"] == 3 and summary["agent_calls"] > 0
     assert (tmp_path / "prefect-home" / "prefect.db").exists()  # its own API, not the tests'
     assert _processes_with(marker) == []  # the temporary API was stopped
+    # ... and nothing links it: the report links no flow run on a server that is gone
+    page = tmp_path / "store" / "v1" / "refs" / "reports" / (
+        summary["record_id"].removeprefix("sha256:") + ".html")
+    assert 'data-field="duration"' in page.read_text("utf-8")
+    assert 'data-link="flow-run"' not in page.read_text("utf-8")
 
     shown = run_cli("show", summary["record_id"], "--store", str(tmp_path / "store"),
                     "--json", env=env)
