@@ -28,6 +28,7 @@ call runs the CLI in a process. ``EVALSNAP_TEST_CLI=process`` runs every call in
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -77,8 +78,16 @@ def ok(result: CliResult, code: int = 0) -> dict[str, Any]:
 def _user_module(module: Any) -> bool:
     """True for a module of user code (an agent package, a metric, a plugin)."""
     file = getattr(module, "__file__", None)
-    if not file:
+    if not isinstance(file, str) or not file:
         return False
+    # a relative path depends on the working directory, which a call changes
+    return _user_file(file) if os.path.isabs(file) else _user_file.__wrapped__(file)
+
+
+@functools.lru_cache(maxsize=None)
+def _user_file(file: str) -> bool:
+    """``_user_module`` by file: a file's place does not change within a session (resolving
+    every module's path on every call was most of an in-process call's own cost)."""
     try:
         path = Path(file).resolve()
     except (OSError, ValueError):
