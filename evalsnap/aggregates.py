@@ -28,6 +28,8 @@ incomplete (exit 3), never passed on part of its repetitions.
 
 from __future__ import annotations
 
+import functools
+
 import statistics
 from collections.abc import Iterable
 from typing import Any
@@ -42,10 +44,17 @@ def wilson(passed: int, n: int) -> list[float] | None:
     """The 95% Wilson score interval of ``passed`` of ``n`` (None for n = 0)."""
     if n == 0:
         return None
+    return list(_wilson(passed, n))
+
+
+@functools.lru_cache(maxsize=4096)
+def _wilson(passed: int, n: int) -> tuple[float, float]:
+    # scipy's binomtest costs ~0.5 ms a call, and a summary asks for every case × metric,
+    # several times per publish (record, report, site): the answers are a few (k, n) pairs
     from scipy.stats import binomtest
 
     ci = binomtest(passed, n).proportion_ci(confidence_level=0.95, method="wilson")
-    return [float(ci.low), float(ci.high)]
+    return float(ci.low), float(ci.high)
 
 
 def pass_at_k(passed: int, n: int) -> tuple[dict[str, float], dict[str, float]]:
