@@ -17,6 +17,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -42,24 +44,55 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: The session's server records no events and no task runs: with them, its CPU per flow run
+#: was about twice what the run itself spent in the test process (measured: 7 s against 2 s
+#: for five demo runs), and only three modules read either back. Those ask for
+#: :func:`recording_prefect_api`, a server with all its services, for the runs they inspect.
+#: The other services (scheduler, late runs, foreman, triggers...) poll and cost nothing
+#: measurable, but no test here needs them from the session's server either.
+_LEAN_SERVER = {f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in (
+    "EVENT_PERSISTER", "TASK_RUN_RECORDER", "SCHEDULER", "LATE_RUNS", "FOREMAN", "TRIGGERS",
+    "CANCELLATION_CLEANUP", "PAUSE_EXPIRATIONS", "REPOSSESSOR", "DB_VACUUM",
+    "CLEANUP_RECONCILER", "EVENT_LOGGER")}
+
+
+def start_prefect_server(home: str, extra_env: dict[str, str] | None = None
+                         ) -> tuple[subprocess.Popen, str]:
+    """A ``prefect server`` on a free 127.0.0.1 port with its home in ``home``, healthy:
+    ``(process, API URL)``; the caller stops it with :func:`stop_prefect_server`."""
+    port = free_port()
+    env = {**os.environ, "PREFECT_HOME": home, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_API_URL": "", "PREFECT_SERVER_API_HOST": "127.0.0.1",
+           "PREFECT_UI_ENABLED": "false", **(extra_env or {})}
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
+         "--port", str(port)],
+        env=env, stdout=subprocess.DEVNULL, stderr=open(Path(home) / "server.log", "wb"),
+        start_new_session=True)
+    url = f"http://127.0.0.1:{port}/api"
+    if not wait_healthy(url, server, timeout=_SERVER_START_TIMEOUT):
+        log = (Path(home) / "server.log").read_text()[-2000:]
+        stop_prefect_server(server)
+        raise RuntimeError(f"prefect server did not become healthy in {_SERVER_START_TIMEOUT} s"
+                           f" (exit code {server.poll()}): {log}")
+    return server, url
+
+
+def stop_prefect_server(server: subprocess.Popen) -> None:
+    """Stops a server of :func:`start_prefect_server` (its whole process group, by PID)."""
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(5)
+
+
 def _start_prefect_server() -> None:
     global _server, _home
     _home = tempfile.mkdtemp(prefix="evalsnap-prefect-")
-    port = free_port()
-    env = {**os.environ, "PREFECT_HOME": _home, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_API_URL": "", "PREFECT_SERVER_API_HOST": "127.0.0.1",
-           "PREFECT_UI_ENABLED": "false"}
-    _server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
-         "--port", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=open(Path(_home) / "server.log", "wb"),
-        start_new_session=True)
-    url = f"http://127.0.0.1:{port}/api"
-    if not wait_healthy(url, _server, timeout=_SERVER_START_TIMEOUT):
-        if _server.poll() is not None:
-            raise RuntimeError("prefect server exited: "
-                               + (Path(_home) / "server.log").read_text()[-2000:])
-        raise RuntimeError(f"prefect server did not become healthy in {_SERVER_START_TIMEOUT} s")
+    _server, url = start_prefect_server(_home, _LEAN_SERVER)
     os.environ["PREFECT_API_URL"] = url
     os.environ["PREFECT_HOME"] = _home
     os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
@@ -98,13 +131,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _server is not None and _server.poll() is None:
-        os.killpg(_server.pid, signal.SIGTERM)
-        try:
-            _server.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(_server.pid, signal.SIGKILL)
-            _server.wait(5)
+    if _server is not None:
+        stop_prefect_server(_server)
     if _home:
         shutil.rmtree(_home, ignore_errors=True)
 
@@ -168,6 +196,32 @@ def golden_demo(tmp_path_factory: pytest.TempPathFactory):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         shared = shared.parent  # the workers' common base directory
     return build_golden_demo(shared / "golden-demo")
+
+
+@pytest.fixture(scope="session")
+def recording_prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The API URL of a ``prefect server`` with every service (events and task runs
+    recorded), for a test that reads either back; one per test process, started at first
+    use. The session's own server records neither (``_LEAN_SERVER``). Prefect's settings
+    are read when a process starts: a CLI call given this URL in its ``env`` runs in a
+    process of its own (:func:`tests._cli.needs_a_process`); in this process, read from
+    it inside :func:`prefect_api`."""
+    home = tempfile.mkdtemp(prefix="evalsnap-prefect-recording-")
+    server, url = start_prefect_server(home)
+    try:
+        yield url
+    finally:
+        stop_prefect_server(server)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@contextmanager
+def prefect_api(url: str) -> Iterator[None]:
+    """Prefect clients made in this process inside the block talk to ``url``."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        yield
 
 
 @pytest.fixture

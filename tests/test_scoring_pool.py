@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 
 from tests._cli import run_inproc
-from tests.conftest import run_cli
+from tests.conftest import prefect_api, run_cli
 
 
 def _scores(result: dict) -> dict[tuple[str, str], tuple]:
@@ -44,7 +44,7 @@ def _task_run_names(run_id_store: str) -> list[str]:
 
 
 def test_a_scoring_process_gives_the_units_of_one_process(shop_copy: Path, tmp_path: Path,
-                                                          golden_demo):
+                                                          golden_demo, recording_prefect_api):
     from evalsnap import settings
 
     evalset = str(shop_copy / "shop.evalset.json")
@@ -57,12 +57,14 @@ def test_a_scoring_process_gives_the_units_of_one_process(shop_copy: Path, tmp_p
     pooled_store = str(tmp_path / "pooled")
     pooled = run_cli("run", str(shop_copy), evalset, "--store", pooled_store, "--json",
                      env={"EVALSNAP_SCORE_PROCESSES": "1", "EVALSNAP_SCORE_POOL_MIN_UNITS": "0",
+                          "PREFECT_API_URL": recording_prefect_api,  # its task runs, read below
                           "EVALSNAP_TEST_MARK": marker})
     assert pooled.code == one.code == 3, pooled.stderr[-3000:]  # the demo's designed outcome
     assert _scores(pooled.json) == _scores(one.json)
     same = ("agent_calls", "judge_calls", "scored_units", "complete", "passed")
     assert {k: pooled.json[k] for k in same} == {k: one.json[k] for k in same}
-    names = _task_run_names(os.path.abspath(pooled_store))
+    with prefect_api(recording_prefect_api):
+        names = _task_run_names(os.path.abspath(pooled_store))
     assert "prepare scoring process" in " ".join(names), names  # the pool was started
     assert len([n for n in names if n.startswith("score ")]) == len(one.json["cases"][0]["metrics"])
     deadline = time.monotonic() + 20
