@@ -325,59 +325,29 @@ def test_a_model_call_past_its_deadline_fails_the_inference(tmp_path: Path, monk
 
 
 _NO_EXTRA = """
-import json, sys
+import sys
 sys.modules["langgraph"] = None  # as on an install without the extra
 sys.modules["langchain_core"] = None
 from evalsnap.agents.lanes import load_agent
-shop, store, inproc, last = sys.argv[1:]
-print("adk", load_agent(shop).framework)
-for agent in (inproc, last):
-    try:
-        load_agent(agent)
-    except Exception as exc:
-        print(json.dumps({"agent": agent, "load": f"{type(exc).__name__} {exc.exit_code} {exc}"}))
-# the CLI on the first project in this process (tests._cli), on the last as `main` runs it:
-# the process's exit code and stderr are the last project's
-from tests._cli import run_inproc
-first = run_inproc("run", inproc, inproc + "/trip.evalset.json", "--store", store + "-1")
-print(json.dumps({"agent": inproc, "code": first.code, "stderr": first.stderr}))
-sys.stdout.flush()
-sys.argv = ["evalsnap", "run", last, last + "/trip.evalset.json", "--store", store + "-2"]
+print("adk", load_agent(sys.argv[2]).framework)
+try:
+    load_agent(sys.argv[1])
+except Exception as exc:
+    print(type(exc).__name__, exc.exit_code, exc)
+sys.argv = ["evalsnap", "run", sys.argv[1], sys.argv[1] + "/trip.evalset.json", "--store", sys.argv[3]]
 from evalsnap.cli import main
 main()
 """
 
 
-@pytest.fixture(scope="module")
-def without_the_extra(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """Both projects in one process without LangGraph: each one's load error, and the CLI's
-    exit code and stderr for each (the example in the process, the langgraph.json project
-    through ``main``, as the process's own exit)."""
-    base = tmp_path_factory.mktemp("no_extra")
-    agents = {"example": _copy(EXAMPLE, base), "langgraph.json": _copy(MEMO, base)}
-    for agent in agents.values():
-        (agent / EVALSET).write_text((EXAMPLE / EVALSET).read_text("utf-8"), "utf-8")
-    proc = subprocess.run([sys.executable, "-c", _NO_EXTRA, str(ROOT / "examples" / "shop_agent"),
-                           str(base / "store"), str(agents["example"]), str(agents["langgraph.json"])],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
-    lines = proc.stdout.splitlines()
-    assert lines and lines[0] == "adk adk", (proc.stdout[-3000:], proc.stderr[-3000:])  # an ADK
-    # agent loads without LangGraph
-    found: dict[str, dict[str, Any]] = {}
-    for line in lines[1:]:
-        if line.startswith("{"):
-            entry = json.loads(line)
-            found.setdefault(entry.pop("agent"), {}).update(entry)
-    found.setdefault(str(agents["langgraph.json"]), {}).update(
-        {"code": proc.returncode, "stderr": proc.stderr})
-    return {name: {"agent": agent, **found.get(str(agent), {})} for name, agent in agents.items()}
-
-
 @pytest.mark.parametrize("project", ["example", "langgraph.json"])
-def test_without_the_extra_a_langgraph_agent_is_a_typed_error(without_the_extra, project: str) -> None:
-    got = without_the_extra[project]
-    agent = got["agent"]
-    assert got.get("code") == 2, got.get("stderr", "")[-3000:]
-    assert f"AgentLoadError 2 {agent} needs LangGraph, which is not installed" in got.get("load", "")
-    assert "install the LangGraph extra: pip install 'evalsnap[langgraph]'" in got["load"]
-    assert "needs LangGraph" in got["stderr"] and "pip install 'evalsnap" in got["stderr"]
+def test_without_the_extra_a_langgraph_agent_is_a_typed_error(tmp_path: Path, project: str) -> None:
+    agent = _copy(EXAMPLE if project == "example" else MEMO, tmp_path)
+    (agent / EVALSET).write_text((EXAMPLE / EVALSET).read_text("utf-8"), "utf-8")
+    proc = subprocess.run([sys.executable, "-c", _NO_EXTRA, str(agent), str(ROOT / "examples" / "shop_agent"),
+                           str(tmp_path / "store")], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "adk adk" in proc.stdout  # an ADK agent loads without LangGraph
+    assert f"AgentLoadError 2 {agent} needs LangGraph, which is not installed" in proc.stdout
+    assert "install the LangGraph extra: pip install 'evalsnap[langgraph]'" in proc.stdout
+    assert "needs LangGraph" in proc.stderr and "pip install 'evalsnap" in proc.stderr
