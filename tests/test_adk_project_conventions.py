@@ -44,35 +44,13 @@ def test_models_registered_by_the_agent_module_work_in_every_scoring_process(pro
     assert cold.json["judge_calls"] == 4  # one per invocation: 1 + 2 + 1
 
 
-def test_dask_workers_import_the_agent_package(project, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch):
-    """The run in this process (the Python API, which the CLI's ``--task-runner dask``
-    calls), its tasks in a Dask worker process: the judge registered by the agent module
-    is there only if the worker imported the agent package."""
+def test_dask_workers_import_the_agent_package(project, tmp_path: Path):
     pytest.importorskip("prefect_dask")
-    import logging
-
-    import evalsnap
-    from evalsnap import settings
-
-    monkeypatch.setenv("EVALSNAP_DASK_WORKERS", "1")
-    settings.reload()
-    quiet = logging.getLogger("distributed")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
-    try:
-        with fresh_user_code():  # the agent's models, registered here, go with the call
-            result = evalsnap.evaluate(str(project["agent"]),
-                                       str(project["agent"] / "gateway.evalset.json"),
-                                       store=str(tmp_path / "dask"), task_runner="dask")
-    finally:
-        quiet.setLevel(level)
-        monkeypatch.delenv("EVALSNAP_DASK_WORKERS")
-        settings.reload()  # the environment as it was, for later tests
-    assert result.exit_code == 1
-    (record,) = result.runs  # one eval set: its record is the --json object
-    assert score_status(record.model_dump(mode="json")) == score_status(project["cold"].json)
-    assert result.judge_calls == project["cold"].json["judge_calls"]  # the judge answered
+    result = run_inproc("run", str(project["agent"]), str(project["agent"] / "gateway.evalset.json"),
+                     "--store", str(tmp_path / "dask"), "--task-runner", "dask", "--json",
+                     env={"EVALSNAP_DASK_WORKERS": "1"})
+    assert result.code == 1, result.stderr[-3000:]
+    assert score_status(result.json) == score_status(project["cold"].json)
 
 
 def test_scores_equal_adks_local_eval_service_on_the_same_inference(project):
