@@ -16,7 +16,7 @@ import pytest
 
 from tests._adk_parity import local_eval_service, scores
 from tests._cli import fresh_user_code, run_inproc, score_status
-from tests.conftest import copy_agent, run_cli
+from tests.conftest import copy_agent
 
 GATEWAY = Path(__file__).parent / "fixtures" / "adk_projects" / "gateway_agent"
 FORCE_POOL = {"EVALSNAP_SCORE_POOL_MIN_UNITS": "1", "EVALSNAP_SCORE_PROCESSES": "1"}
@@ -85,11 +85,23 @@ def test_scores_equal_adks_local_eval_service_on_the_same_inference(project):
     assert len(adk) == 9 and ours == adk
 
 
+def _judge_registered() -> bool:
+    """Whether ADK's model registry of this process knows ``my-judge/v1`` (only importing
+    the agent package registers it; :mod:`tests._cli` forgets that after each call)."""
+    import re
+
+    from google.adk.models import registry
+
+    return any(re.fullmatch(pattern, "my-judge/v1") for pattern in registry._llm_registry_dict)
+
+
 def test_replay_in_a_fresh_process_needs_no_registered_judge(project):
-    """The CLI process never imports the agent for a replay: `my-judge/v1` is not registered
-    there at all, and the ledger answers every request."""
-    replayed = run_cli("replay", project["cold"].json["record_id"], "--store",
-                       str(project["store"]), "--json")
+    """The CLI never imports the agent for a replay: `my-judge/v1` is not registered where
+    it runs (the CLI in this process, as a new process has it: checked), and the ledger
+    answers every request."""
+    assert not _judge_registered(), "expected no registered judge before the replay"
+    replayed = run_inproc("replay", project["cold"].json["record_id"], "--store",
+                          str(project["store"]), "--json")
     assert replayed.code == 1, replayed.stderr[-3000:]
     assert replayed.json["judge_calls"] == 0
     assert score_status(replayed.json) == score_status(project["cold"].json)
@@ -103,7 +115,9 @@ def test_rescore_imports_the_agent_package_named_by_agent(project, tmp_path: Pat
     edited.write_text(json.dumps(config))
     args = ("rescore", project["cold"].json["run_id"], "--config", str(edited), "--store",
             str(project["store"]), "--reuse", "--json")
-    without = run_cli(*args)  # a process of its own: no earlier test's models registered
+    # as in a new process: no earlier test's models registered (checked)
+    assert not _judge_registered(), "expected no registered judge before the rescore"
+    without = run_inproc(*args)
     assert without.code == 2, (without.stdout[-2000:], without.stderr[-3000:])
     assert "my-judge/v1" in without.stderr and "--agent" in without.stderr
     rescored = run_inproc(*args, "--agent", str(project["agent"]))

@@ -5,9 +5,10 @@ with a plugin, an AgentTool whose model and instruction come from the environmen
 sub-agent with a callable instruction, a workflow agent, a function tool, a callback, a
 ``.env`` with a scenario and a fake key, and a file outside the package that the config
 declares (``evalsnapIdentity``). One story of runs on one store, each changing one thing and
-reusing what it can (``--reuse``, a new process each time; the cold run and the first warm one
-with other hash seeds). Every read (``explain``, ``diff``, ``show``) is the CLI in the test
-process (:mod:`tests._cli`).
+reusing what it can (``--reuse``): the cold run in the test process, the first warm one in a
+new process with another hash seed, the changes in the test process (as the Python API runs
+them, one after the other in one process), and a last warm run in a new process again. Every
+read (``explain``, ``diff``, ``show``) is the CLI in the test process (:mod:`tests._cli`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests._cli import ok, run_inproc
+from tests._cli import needs_a_process, ok, run_inproc
 from tests.conftest import ROOT, CliResult, copy_agent, run_cli, set_env_value
 
 FIXTURE = Path(__file__).parent / "fixtures" / "identity_agents"
@@ -43,23 +44,28 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     env: dict[str, str] = {"CONCIERGE_USAGE_LOG": str(log)}
     runs: dict[str, CliResult] = {}
     explained: dict[str, dict[str, Any]] = {}
+    in_process: list[str] = []  # the steps run by the CLI in this process, in order
 
     def step(name: str, seed: str | None = None, **more_env: str) -> None:
         env.update(more_env)
         args = ("run", str(agent), str(agent / "trip.evalset.json"), "--store", str(store),
                 "--json", "--reuse")
         # a seed: a process of its own with that hash seed (the identity must not depend
-        # on the process); the other changes run in this process, as the Python API does
-        runs[name] = (run_cli(*args, env={**env, "PYTHONHASHSEED": seed}) if seed
-                      else run_inproc(*args, env=env))
+        # on the process); the other steps run in this process, as the Python API does
+        if seed:
+            runs[name] = run_cli(*args, env={**env, "PYTHONHASHSEED": seed})
+        else:
+            runs[name] = run_inproc(*args, env=env)
+            if not needs_a_process(args, env):
+                in_process.append(name)
         if runs[name].code in (0, 1):
             shown = run_inproc("explain", runs[name].json["run_id"], "--store", str(store),
                                "--json")
             explained[name] = ok(shown)
 
-    step("cold", seed="1")
+    step("cold")  # this process: its hash seed is not the warm run's
     cold_usage = log.read_text()
-    step("warm", seed="4242")
+    step("warm", seed=_other_seed("4242"))
     set_env_value(agent / ".env", "PLACES_API_KEY", ROTATED)
     step("rotated")
     step("instruction", PLACES_INSTRUCTION="Suggest hidden places.")
@@ -73,17 +79,26 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     source = agent / "agent.py"
     source.write_text(source.read_text().replace('f"Plan a trip for', 'f"Plan a journey for'))
     step("callable")
-    step("again", seed="77")  # the callable's new code, reused in a new process
+    step("again", seed=_other_seed("77"))  # the callable's new code, reused in a new process
     text = run_inproc("explain", runs["instruction"].json["run_id"], "--store", str(store))
     diffed = run_inproc("diff", runs["cold"].json["run_id"], runs["instruction"].json["run_id"],
                         "--store", str(store), "--json")
     return {"agent": agent, "store": store, "runs": runs, "explained": explained,
-            "explain_text": text, "diff": diffed, "cold_usage": cold_usage}
+            "explain_text": text, "diff": diffed, "cold_usage": cold_usage,
+            "in_process": in_process}
+
+
+def _other_seed(seed: str) -> str:
+    """``seed``, or another one if it is this process's (``PYTHONHASHSEED`` set outside)."""
+    import os
+
+    return seed if os.environ.get("PYTHONHASHSEED") != seed else str(int(seed) + 1)
 
 
 def test_reuse_in_a_new_process_reuses_and_a_key_rotation_too(story: dict[str, Any]) -> None:
-    """``cold`` and ``warm`` are two processes with other hash seeds: ``warm`` reusing the
-    inference is the identity being the same in both."""
+    """``cold`` (the test process) and ``warm`` (a new one) are two processes with other hash
+    seeds: ``warm`` reusing the inference is the identity being the same in both."""
+    assert "warm" not in story["in_process"]
     cold = ok(story["runs"]["cold"])
     assert cold["agent_calls"] == 3  # the root, the AgentTool's agent, the root again
     for name in ("warm", "rotated", "again"):
@@ -287,21 +302,19 @@ def test_a_threshold_outside_the_metric_range_is_exit_2(tmp_path: Path, threshol
     assert "[0, 1]" in result.stderr
 
 
-def test_one_process_runs_the_agent_it_fingerprinted(tmp_path: Path) -> None:
+def test_one_process_runs_the_agent_it_fingerprinted(story: dict[str, Any]) -> None:
     """Two runs in one process (the Python API's case), the agent edited between them: the
     second run's inference is made by the edited agent and explained as such (an earlier run's
-    agent, kept by the process, once ran under the new key)."""
-    from tests._cli import run_inproc
+    agent, kept by the process, once ran under the new key). In the story: ``declared_env``
+    ran the agent in this process, ``agent.py`` was edited, then ``callable`` ran here too."""
+    import os
 
-    agent = copy_project(tmp_path)
-    env = {"CONCIERGE_USAGE_LOG": str(tmp_path / "usage.jsonl")}
-    args = ("run", str(agent), str(agent / "trip.evalset.json"), "--store", str(tmp_path / "s"),
-            "--json", "--reuse")
-    ok(run_inproc(*args, env=env))
-    source = agent / "agent.py"
-    source.write_text(source.read_text().replace('f"Plan a trip for', 'f"Plan a journey for'))
-    second = ok(run_inproc(*args, env=env))
+    if os.environ.get("EVALSNAP_TEST_CLI") == "process":
+        pytest.skip("EVALSNAP_TEST_CLI=process: every CLI call runs in a process of its own")
+    steps = story["in_process"]
+    assert "callable" in steps and steps[steps.index("callable") - 1] == "declared_env", steps
+    assert ok(story["runs"]["declared_env"])["agent_calls"] == 3  # it loaded and ran the agent
+    second = ok(story["runs"]["callable"])
     assert second["agent_calls"] == 3
-    explained = ok(run_inproc("explain", second["run_id"], "--store", str(tmp_path / "s"),
-                               "--json"))
+    explained = story["explained"]["callable"]
     assert "planner.instruction code" in explained["agent_changes"], explained["agent_changes"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -196,11 +197,12 @@ def test_reuse_rerun_spends_no_agent_call(lane) -> None:
     assert _scores(warm.json) == _scores(lane["cold"])
 
 
-def test_a_tool_edit_reruns_inference_and_a_reference_edit_does_not(tmp_path: Path) -> None:
-    agent = _copy(EXAMPLE, tmp_path)
+def test_a_tool_edit_reruns_inference_and_a_reference_edit_does_not(lane, tmp_path: Path) -> None:
+    # the lane's cold run (and its --reuse run), on private copies of its agent and store
+    agent = _copy(lane["agent"], tmp_path)
     store, evalset = str(tmp_path / "store"), agent / EVALSET
-    cold = run_inproc("run", str(agent), str(evalset), "--store", store, "--json")
-    assert cold.code == 1, cold.stderr[-3000:]
+    shutil.copytree(lane["store"], store)
+    cold = lane["cold"]
     data = json.loads(evalset.read_text("utf-8"))
     data["eval_cases"][0]["conversation"][0]["final_response"]["parts"][0]["text"] = "Rome is sunny."
     evalset.write_text(json.dumps(data), "utf-8")
@@ -213,7 +215,7 @@ def test_a_tool_edit_reruns_inference_and_a_reference_edit_does_not(tmp_path: Pa
     tools.write_text(tools.read_text("utf-8").replace(
         "Returns the current weather for a city.", "Returns today's weather for a city."), "utf-8")
     edited = run_inproc("run", str(agent), str(evalset), "--store", store, "--json", "--reuse").json
-    assert edited["agent_calls"] == cold.json["agent_calls"]  # every case ran again
+    assert edited["agent_calls"] == cold["agent_calls"]  # every case ran again
     # the agent answers as before, so the case keys and the scores are the same ones
     assert _scores(edited) == _scores(reference)
 

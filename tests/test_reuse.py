@@ -443,16 +443,25 @@ def test_future_snapshot_fixture_raises_typed_error() -> None:
     assert info.value.found == 999 and info.value.supported == Snapshot.SCHEMA_VERSION
 
 
-# ---- scale: one edited reference among 300 cases ------------------------------------------
+# ---- scale: one edited reference among many cases -----------------------------------------
 
-def test_300_cases_editing_one_reference_rescores_only_its_units(world: World) -> None:
+#: Enough cases for the paths a large eval set takes: more than one inference batch (at most
+#: 50 cases each) and a cold run that scores enough units to start a scoring process
+#: (``EVALSNAP_SCORE_POOL_MIN_UNITS``, 200 by default: 70 cases x 3 metrics = 210 units).
+MANY = 70
+
+
+def test_many_cases_editing_one_reference_rescores_only_its_units(world: World) -> None:
+    from evalsnap import settings
+
+    assert MANY > 50 and MANY * 3 >= settings.get().score_pool_min_units
     source = example_eval_set()
     cases = []
-    for i in range(300):
+    for i in range(MANY):
         case = copy.deepcopy(source["eval_cases"][i % len(source["eval_cases"])])
         case["eval_id"] = f"{case['eval_id']}-{i:03d}"
         cases.append(case)
-    big = {"eval_set_id": "shop300", "eval_cases": cases}
+    big = {"eval_set_id": "shop_many", "eval_cases": cases}
     config: dict[str, Any] = {
         "criteria": {"response_match_score": 0.5, "tool_trajectory_avg_score": 1.0,
                      "final_response_match_v2": {
@@ -464,8 +473,8 @@ def test_300_cases_editing_one_reference_rescores_only_its_units(world: World) -
         config["evalsnapPlugins"] = plugins
     config_path = world.config_file(config)
     first = cli_run(world.url, world.shop, world.eval_set_file(big), config=config_path)
-    assert len(first.record.units) == 300 * 3 and first.record.summary.scored_units == 900, \
-        "expected 900 units, all scored"
+    assert len(first.record.units) == MANY * 3 and first.record.summary.scored_units == MANY * 3, \
+        f"expected {MANY * 3} units, all scored"
     assert first.json["judge_calls"] == sum(len(c.get("conversation") or []) for c in cases), \
         "expected one judge call per invocation"
 
@@ -476,7 +485,8 @@ def test_300_cases_editing_one_reference_rescores_only_its_units(world: World) -
     assert second.scored() == {(target, m) for m in config["criteria"]}, \
         f"expected only {target}'s units scored again"
     assert second.record.summary.scored_units == 3, "expected 3 units scored"
-    assert second.record.summary.reused_units == 897, "expected 897 units reused"
+    assert second.record.summary.reused_units == MANY * 3 - 3, \
+        f"expected {MANY * 3 - 3} units reused"
     turns = len(next(c for c in cases if c["eval_id"] == target).get("conversation") or [])
     assert second.json["judge_calls"] == turns == second.record.summary.judge_calls, \
         "expected judge calls only for the edited case's invocations"

@@ -10,8 +10,8 @@ checks, per (case, metric), whether the unit was reused or scored again — in t
 output *and* in what the store holds: a unit scored again was written by that run, a reused
 unit names the earlier run that wrote it. After every scenario ``evalsnap verify`` runs.
 
-Only the public path is used: the CLI (in the test process, :mod:`tests._cli`; in a
-process of its own where a scenario sets ``PYTHONPATH``), and the store read through
+Only the public path is used: the CLI (in the test process, :mod:`tests._cli`; a scenario
+that needs code importable puts its directory on ``sys.path``), and the store read through
 ``evalsnap.records`` and files on disk. Nothing imports the pipeline, tasks or flows.
 """
 
@@ -136,6 +136,8 @@ class World:
     store: Path
     tmp: Path
     env: dict[str, str] = field(default_factory=dict)
+    syspath: list[str] = field(default_factory=list)
+    """Directories put on ``sys.path`` for the scenario's runs (the CLI runs in this process)."""
     runs_before_damage: set[str] | None = None
     damaged: dict[str, str] = field(default_factory=dict)
     """oid → kind of each object this scenario damaged or deleted on purpose."""
@@ -289,7 +291,9 @@ def plant_json_class(w: World) -> None:
     finally:
         sys.path.remove(str(code))
         sys.modules.pop("evalsnap_planted_probe", None)
-    w.env["PYTHONPATH"] = str(code)  # the import *would* succeed in the CLI's process
+    # the import *would* succeed in the CLI's calls: the trap's directory is on sys.path
+    # for the scenario's runs (the in-process CLI imports user code afresh for each call)
+    w.syspath.append(str(code))
     _replace_prefect_files(w, lambda metadata: _json_record(metadata, "evalsnap_planted_trap"))
 
 
@@ -571,9 +575,11 @@ def check_verify(w: World, s: Scenario) -> None:
 
 
 @pytest.mark.parametrize("s", SCENARIOS, ids=[s.name for s in SCENARIOS])
-def test_reuse_rule(world: World, s: Scenario) -> None:
+def test_reuse_rule(world: World, s: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
     w = world
     s.setup(w)
+    for directory in w.syspath:
+        monkeypatch.syspath_prepend(directory)
     pre = []
     for flags in s.pre_runs:
         r = run_inproc(*run_args(w.agent, w.store, *flags, cases=s.cases),
