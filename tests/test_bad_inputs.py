@@ -19,10 +19,15 @@ A case file is JSON::
     expect         exit (exact), stderr / stdout (message fragments), statuses
                    ({"case/metric": status} from --json), inference ({case: status})
 
-Every case runs as a real ``evalsnap`` process. All cases are started at once, a few at a
-time, by a module fixture (a CLI process costs seconds); each test waits for its own. After
-each case, the store holds no temporary file and every object in it verifies: bad input
-never leaves a partial object behind.
+Every case runs the real CLI (``evalsnap.cli``'s app, its settings check and exit code) in
+the test process, :func:`tests._cli.run_inproc`, as a new process would run it (fresh user
+code, environment and working directory per call): a CLI process costs seconds of imports,
+and none of these cases is about the process itself (the signal, exit and stdout-purity
+contracts have their own subprocess tests in test_signals, test_cli_process and
+test_hostile_code). A case that lets a ``BaseException`` (``KeyboardInterrupt``, a
+``SystemExit`` other than the CLI's) out of the call fails its test instead of stopping the
+session. After each case, the store holds no temporary file and every object in it
+verifies: bad input never leaves a partial object behind.
 """
 
 from __future__ import annotations
@@ -30,21 +35,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from storage import Store
-from tests.conftest import EVALSET, ROOT, CliResult, copy_shop, run_cli
+from tests._cli import run_inproc
+from tests.conftest import EVALSET, ROOT, CliResult, copy_shop
 from tests.servers import Server, start_moto
 
 CASES_DIR = Path(__file__).parent / "bad_inputs"
 CASE_FILES = sorted(CASES_DIR.glob("*.json"))
 FIXTURES = Path(__file__).parent / "fixtures" / "records"
 DEFAULT_CONFIG = {"criteria": {"response_match_score": 0.5}}
-WORKERS = 3
 S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
           "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
           "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
@@ -112,32 +116,21 @@ class Prepared:
 def _run_case(case: dict[str, Any], base: Path, moto: Server | None) -> tuple[Prepared,
                                                                               CliResult]:
     prepared = Prepared(case, base, moto)
-    return prepared, run_cli(*prepared.args, env=prepared.env, cwd=ROOT, timeout=240)
+    try:
+        result = run_inproc(*prepared.args, env=prepared.env, cwd=ROOT, timeout=240)
+    except BaseException as exc:  # noqa: BLE001 - what a process would have died of
+        pytest.fail(f"the CLI call let {type(exc).__name__}({exc}) out: {prepared.args}")
+    return prepared, result
 
 
 @pytest.fixture(scope="module")
 def moto() -> Any:
-    if not any(_load(p).get("needs") == "moto" for p in CASE_FILES):
-        yield None
-        return
+    """An S3 emulator, started by the first case that needs one (``needs: moto``)."""
     server = start_moto()
     try:
         yield server
     finally:
         server.stop()
-
-
-@pytest.fixture(scope="module")
-def catalogue(tmp_path_factory: pytest.TempPathFactory, moto: Server | None) -> Any:
-    """Starts every case now; each test waits for its own result."""
-    base = tmp_path_factory.mktemp("bad_inputs")
-    pool = ThreadPoolExecutor(max_workers=WORKERS)
-    futures: dict[str, Future[tuple[Prepared, CliResult]]] = {
-        p.stem: pool.submit(_run_case, _load(p), base / p.stem, moto) for p in CASE_FILES}
-    yield futures
-    for future in futures.values():
-        future.cancel()
-    pool.shutdown(wait=True)
 
 
 def test_the_catalogue_covers_issue_9() -> None:
@@ -157,9 +150,10 @@ def _tmp_files(root: Path) -> list[Path]:
 
 
 @pytest.mark.parametrize("path", CASE_FILES, ids=[p.stem for p in CASE_FILES])
-def test_bad_input(path: Path, catalogue: dict[str, Future[Any]]) -> None:
+def test_bad_input(path: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     case = _load(path)
-    prepared, result = catalogue[path.stem].result(timeout=600)
+    moto = request.getfixturevalue("moto") if case.get("needs") == "moto" else None
+    prepared, result = _run_case(case, tmp_path / path.stem, moto)
     expect = case["expect"]
     detail = f"{path.name}: stdout={result.stdout[-1500:]!r}\nstderr={result.stderr[-3000:]!r}"
     assert result.code == expect["exit"], detail

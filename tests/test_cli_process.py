@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._cli import run_inproc
 from tests.conftest import ROOT, copy_shop, run_cli
 
 
@@ -39,8 +40,11 @@ def test_run_on_the_temporary_api_prints_everything_and_leaves_no_process(tmp_pa
     marker = f"EVALSNAP_TEST_MARK={uuid.uuid4().hex}"
     env = {"PREFECT_API_URL": "", "PREFECT_HOME": str(tmp_path / "prefect-home"),
            marker.split("=")[0]: marker.split("=")[1]}
+    # two of the demo's cases (what is checked is the process, not the count): a passing one
+    # and one designed to fail
     result = run_cli("run", str(agent), str(agent / "shop.evalset.json"), "--store",
-                     str(tmp_path / "store"), "--json", env=env)
+                     str(tmp_path / "store"), "--json", "--case", "weather_paris", "--case",
+                     "out_of_scope_flight", env=env)
     assert result.code == 3, result.stderr[-3000:]  # the demo has cases designed to fail
     summary = result.json  # exactly one complete JSON line, flushed before the fast exit
     assert summary["exit_code"] == 3 and summary["agent_calls"] > 0
@@ -52,8 +56,10 @@ def test_run_on_the_temporary_api_prints_everything_and_leaves_no_process(tmp_pa
     assert 'data-field="duration"' in page.read_text("utf-8")
     assert 'data-link="flow-run"' not in page.read_text("utf-8")
 
-    shown = run_cli("show", summary["record_id"], "--store", str(tmp_path / "store"),
-                    "--json", env=env)
+    # the record is there for a later call (`show` reads the store only: it is no flow
+    # command, it starts no API, so it runs in the test process)
+    shown = run_inproc("show", summary["record_id"], "--store", str(tmp_path / "store"),
+                       "--json")
     assert shown.code == 0 and shown.json["record_id"] == summary["record_id"]
 
 

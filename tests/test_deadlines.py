@@ -2,8 +2,14 @@
 
 The demo's offline models take ``EVALSNAP_DEMO_AGENT_LATENCY_MS`` / ``..._JUDGE_...``: a
 latency of ten minutes is a model that never answers, as far as a run is concerned. Each
-test checks the outcome (what failed and why) and that the process ended well before the
-stuck call would have (``timeout=`` of the subprocess): a hang fails the test.
+test checks the outcome (what failed and why) and that the call ended well before the
+stuck call would have: a hang fails the test. The CLI runs in the test process
+(:func:`tests._speed2_guard.run_cut`: cut by ``SIGALRM`` after ``timeout`` seconds, as
+``subprocess.run(timeout=...)`` cut a CLI process); a run whose metrics score in a scoring
+process needs a CLI process of its own and gets one (``tests._cli.needs_a_process``).
+A stuck call cut by its deadline is cancelled (the models' latency and the hanging async
+metric are ``asyncio`` waits), or left on a daemon thread (a sync metric, by design:
+:mod:`evalsnap.deadlines`), so nothing it leaves keeps the test process from ending.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests._cli import run_inproc
-from tests.conftest import run_cli
+from tests._speed2_guard import run_cut
 
 STUCK = "600000"  # ms: ten minutes
 NO_RETRY = {"EVALSNAP_RETRY_DELAYS": "", "EVALSNAP_RETRIES": "0"}
@@ -26,7 +32,7 @@ CASE = ["--case", "weather_paris"]
 
 
 def _run(shop: Path, tmp_path: Path, *extra: str, env: dict[str, str], config: Path | None = None,
-         timeout: float = 120, cli=run_cli):
+         timeout: float = 120, cli=run_cut):
     args = ["run", str(shop), str(shop / "shop.evalset.json"), "--store", str(tmp_path / "s"),
             "--json", *CASE, *extra]
     if config is not None:
@@ -237,7 +243,7 @@ def test_a_stuck_s3_endpoint_ends_within_its_deadline(shop_copy, tmp_path, tarpi
     else:
         args = ["ls", *args]
     started = time.monotonic()
-    result = run_cli(*args, env=env, timeout=90)
+    result = run_cut(*args, env=env, timeout=90)
     elapsed = time.monotonic() - started
     assert result.code == 2, (result.stdout[-2000:], result.stderr[-3000:])
     assert "got no answer within" in result.stderr and "EVALSNAP_STORE_TIMEOUT" in result.stderr
