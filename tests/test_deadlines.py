@@ -4,7 +4,7 @@ The demo's offline models take ``EVALSNAP_DEMO_AGENT_LATENCY_MS`` / ``..._JUDGE_
 latency of ten minutes is a model that never answers, as far as a run is concerned. Each
 test checks the outcome (what failed and why) and that the call ended well before the
 stuck call would have: a hang fails the test. The CLI runs in the test process
-(:func:`tests._speed2_guard.run_cut`: cut by ``SIGALRM`` after ``timeout`` seconds, as
+(:func:`tests._hang_guard.run_cut`: cut by ``SIGALRM`` after ``timeout`` seconds, as
 ``subprocess.run(timeout=...)`` cut a CLI process); a run whose metrics score in a scoring
 process needs a CLI process of its own and gets one (``tests._cli.needs_a_process``).
 A stuck call cut by its deadline is cancelled (the models' latency and the hanging async
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests._cli import run_inproc
-from tests._speed2_guard import run_cut
+from tests._hang_guard import run_cut
 
 STUCK = "600000"  # ms: ten minutes
 NO_RETRY = {"EVALSNAP_RETRY_DELAYS": "", "EVALSNAP_RETRIES": "0"}

@@ -18,7 +18,7 @@ import fsspec
 import pytest
 
 from tests._cli import run_inproc, score_status
-from tests.conftest import copy_shop, free_port, run_cli
+from tests.conftest import copy_shop, free_port, prefect_api, run_cli
 from tests.servers import Server, fake_gcs_with_bucket, moto_with_bucket, s3_create_bucket, start_moto
 
 BUCKET = "evalsnap-e2e"
@@ -69,28 +69,29 @@ def fake_gcs() -> Iterator[Server]:
 CASES = ["weather_paris", "cart_add_then_show", "out_of_scope_flight"]
 
 
-def _two_runs(agent: Path, url: str, env: dict[str, str]) -> dict[str, Any]:
+def _two_runs(agent: Path, url: str, env: dict[str, str], prefect_url: str) -> dict[str, Any]:
     evalset = str(agent / "shop.evalset.json")
     cases = [a for c in CASES for a in ("--case", c)]
     cold = run_inproc("run", str(agent), evalset, "--store", url, "--json", *cases, env=env)
+    # a new process, on a Prefect server that records its task runs (read back below)
     warm = run_cli("run", str(agent), evalset, "--store", url, "--json", "--reuse", *cases,
-                   env=env)
-    return {"url": url, "env": env, "cold": cold, "warm": warm}
+                   env={**env, "PREFECT_API_URL": prefect_url})
+    return {"url": url, "env": env, "cold": cold, "warm": warm, "prefect_url": prefect_url}
 
 
 @pytest.fixture(scope="module")
-def s3_runs(agent: Path, moto: Server) -> dict[str, Any]:
+def s3_runs(agent: Path, moto: Server, recording_prefect_api: str) -> dict[str, Any]:
     runs = _two_runs(agent, f"s3://{BUCKET}/e2e-{uuid.uuid4().hex[:8]}",
-                     _env(AWS_ENDPOINT_URL=moto.url))
+                     _env(AWS_ENDPOINT_URL=moto.url), recording_prefect_api)
     runs["fs"] = fsspec.filesystem("s3", endpoint_url=moto.url, key="testing",
                                    secret="testing", use_listings_cache=False)
     return runs
 
 
 @pytest.fixture(scope="module")
-def gcs_runs(agent: Path, fake_gcs: Server) -> dict[str, Any]:
+def gcs_runs(agent: Path, fake_gcs: Server, recording_prefect_api: str) -> dict[str, Any]:
     runs = _two_runs(agent, f"gs://{BUCKET}/e2e-{uuid.uuid4().hex[:8]}",
-                     _env(STORAGE_EMULATOR_HOST=fake_gcs.url))
+                     _env(STORAGE_EMULATOR_HOST=fake_gcs.url), recording_prefect_api)
     runs["fs"] = fsspec.filesystem("gs", endpoint_url=fake_gcs.url, token="anon",
                                    use_listings_cache=False)
     return runs
@@ -173,7 +174,8 @@ def _warm_flow_run_task_states(url: str, run_id_marker: str) -> list[str]:
 
 
 def test_second_process_gets_prefect_cache_hits_from_the_bucket(runs: dict[str, Any]) -> None:
-    states = _warm_flow_run_task_states(runs["url"], runs["warm"].json["run_id"])
+    with prefect_api(runs["prefect_url"]):
+        states = _warm_flow_run_task_states(runs["url"], runs["warm"].json["run_id"])
     assert states and all(s == "Cached" for s in states), states
 
 
