@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -14,15 +15,21 @@ N = "3"
 
 
 def test_bench_runner_works(tmp_path: Path):
+    """The default API (as the environment says) on scenario 6: one ADK run and one cold
+    evalsnap run, two processes (scenario 3, a cold and a --reuse run, is measured on the
+    runner's own server below)."""
     out = tmp_path / "RESULTS.md"
     proc = subprocess.run(
-        [sys.executable, "-m", "bench", "--sizes", N, "--reps", "1", "--scenarios", "3",
+        [sys.executable, "-m", "bench", "--sizes", N, "--reps", "1", "--scenarios", "6",
          "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = out.read_text()
-    row = next(line for line in text.splitlines() if line.startswith(f"| 3 | {N} |"))
-    # scenario 3: a --reuse rerun with nothing changed makes no model call at all
-    assert '"agent_calls": 0' in row and '"judge_calls": 0' in row
+    assert "`PREFECT_API_URL=" in text  # the environment's API, not one the runner started
+    row = next(line for line in text.splitlines() if line.startswith(f"| 6 | {N} |"))
+    details = json.loads(row.rsplit("|", 2)[1])
+    # scenario 6: the store a cold run leaves, measured, and both processes' peak RSS
+    assert details["store_mb"] > 0 and details["store_kb_per_case"] > 0, details
+    assert details["adk_rss_mb"] > 0 and details["evalsnap_rss_mb"] > 0, details
     assert "×" in row  # a ratio against ADK's cold run from the same invocation
     assert re.search(r"commit [0-9a-f]{7,}", text)  # results say what code they measured
 
@@ -46,7 +53,10 @@ def test_bench_runs_evalsnap_against_its_own_prefect_server(tmp_path: Path):
     text = out.read_text()
     assert "a running `prefect server` on 127.0.0.1 started by the runner" in text
     row = next(line for line in text.splitlines() if line.startswith(f"| 3 | {N} |"))
+    # scenario 3: a --reuse rerun with nothing changed makes no model call at all
     assert '"agent_calls": 0' in row and '"judge_calls": 0' in row
+    assert "×" in row  # a ratio against ADK's cold run from the same invocation
+    assert re.search(r"commit [0-9a-f]{7,}", text)
     from tests.test_cli_process import _processes_with
 
     assert _processes_with("evalsnap-bench-prefect-") == []  # the server was stopped

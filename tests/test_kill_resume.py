@@ -101,8 +101,10 @@ def _backend(name: str, agent: dict[str, Path],
                                 "secret": "testing"})
 
 
-def _kill_midway(args: list[str], env: dict[str, str], store: Store) -> dict[str, Any]:
-    """Starts the run in its own process group; SIGKILLs the group once inference is indexed."""
+def _kill_midway(args: list[str], env: dict[str, str], store: Store,
+                 poll: float) -> dict[str, Any]:
+    """Starts the run in its own process group; SIGKILLs the group once inference is indexed
+    (looked for every ``poll`` seconds: on S3 each look is a request to moto)."""
     proc = subprocess.Popen([sys.executable, "-m", "evalsnap.cli", *args], cwd=ROOT,
                             env={**os.environ, **env, "EVALSNAP_DEMO_AGENT_LATENCY_MS": LATENCY_MS},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -114,7 +116,7 @@ def _kill_midway(args: list[str], env: dict[str, str], store: Store) -> dict[str
             indexed = store.list_refs("index/inference")
             if indexed:
                 break
-            time.sleep(0.05)
+            time.sleep(poll)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -131,7 +133,10 @@ def _kill_midway(args: list[str], env: dict[str, str], store: Store) -> dict[str
 def resumed(request: pytest.FixtureRequest, agent: dict[str, Path],
             uninterrupted: dict[str, Any]) -> Iterator[dict[str, Any]]:
     with _backend(request.param, agent, request) as (url, env, store):
-        killed = _kill_midway(_run_args(agent, url), env, store)
+        # a model call takes LATENCY_MS (400 ms): a look every 0.2 s on S3 still kills the
+        # run with most of its inference to do
+        killed = _kill_midway(_run_args(agent, url), env, store,
+                              poll=0.05 if request.param == "local" else 0.2)
         after_kill = verify_store(store)
         # the kill is what needs a process; the resume runs in this one (tests._cli: it
         # starts with no memo of any run, as a new process would)

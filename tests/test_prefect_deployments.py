@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -103,18 +105,100 @@ class Worker:
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory):
-    """Creates the process work pool, deploys prefect.yaml, starts a worker (stopped by PID):
-    once for the module, since deploying and starting a worker cost ~20 s each time."""
-    env = {**os.environ, "PREFECT_CLI_PROMPT": "false", "PREFECT_WORKER_QUERY_SECONDS": "1",
-           "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
+def deployed() -> dict:
+    """Creates the process work pool and deploys prefect.yaml on the session's server, once
+    for the module (the end-to-end tests' worker and the UI's form test read them)."""
+    env = {**os.environ, "PREFECT_CLI_PROMPT": "false"}
     # (`work-pool ls` truncates names in a narrow table: create it, or update it in place)
     _prefect("work-pool", "create", "evalsnap-process", "--type", "process", "--overwrite",
              env=env)
-    _prefect("--no-prompt", "deploy", "--all", env=env)
+    _prefect("--no-prompt", "deploy", "--all", env=env, timeout=300)
+    return env
+
+
+@contextmanager
+def _prefect_ui(static: Path, api_url: str) -> Iterator[str]:
+    """Prefect's own UI app (``create_ui_app``: what ``prefect server start --ui`` mounts
+    at ``/``, its static bundle and ``/ui-settings``) served from this process on
+    127.0.0.1, its API the session's server (which runs without a UI): a second server
+    and a second deployment of prefect.yaml cost ~25 CPU s. Stopped on exit."""
+    import contextvars
+    import threading
+
+    import uvicorn
+    from prefect.server.api.server import create_ui_app
+    from prefect.settings import (
+        PREFECT_UI_API_URL,
+        PREFECT_UI_ENABLED,
+        PREFECT_UI_STATIC_DIRECTORY,
+        temporary_settings,
+    )
+
+    from tests.conftest import free_port
+
+    with temporary_settings({PREFECT_UI_ENABLED: True, PREFECT_UI_API_URL: api_url,
+                             PREFECT_UI_STATIC_DIRECTORY: str(static)}):
+        app = create_ui_app(ephemeral=False)
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                               log_level="warning", lifespan="off"))
+        # the settings above are a context variable: the server's thread runs in a copy
+        thread = threading.Thread(target=contextvars.copy_context().run, args=(server.run,),
+                                  daemon=True)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 60
+            while not server.started:
+                assert thread.is_alive() and time.monotonic() < deadline, "UI app not serving"
+                time.sleep(0.05)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            server.should_exit = True
+            thread.join(30)
+
+
+def test_custom_run_form_renders_without_none_toggles(deployed, tmp_path):
+    """The rerun deployment's custom-run form in Prefect's real UI (headless Chromium): every
+    parameter a plain input with its description, no ``None`` toggle; the screenshot is kept
+    in /tmp/form.png. The nightly deployment's description names the schedule's time zone."""
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed")
+    import httpx
+
+    url = os.environ["PREFECT_API_URL"]
+    deployments = httpx.post(f"{url}/deployments/filter", json={}, timeout=10).json()
+    by_name = {d["name"]: d for d in deployments}
+    assert "Europe/Paris" in by_name["nightly-eval"]["description"]
+    schema = by_name["rerun"]["parameter_openapi_schema"]["properties"]
+    assert all("anyOf" not in p and p.get("type") != "null" for p in schema.values()), schema
+    with _prefect_ui(tmp_path / "ui", url) as ui:
+        assert httpx.get(f"{ui}/ui-settings", timeout=10).json()["api_url"] == url
+        page = ui + f"/deployments/deployment/{by_name['rerun']['id']}/run"
+        args = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu",
+                "--disable-background-networking", "--no-first-run", "--hide-scrollbars",
+                "--virtual-time-budget=20000"]
+        Path("/tmp/form.png").unlink(missing_ok=True)  # this run's screenshot, not an old one
+        # one page load gives both: the screenshot and the DOM it shows
+        dom = subprocess.run([*args, "--window-size=1280,2600", "--screenshot=/tmp/form.png",
+                              "--dump-dom", page], capture_output=True, text=True, timeout=120,
+                             check=True).stdout
+    assert Path("/tmp/form.png").stat().st_size > 20_000
+    text = re.sub(r"<[^>]+>", " ", dom)
+    for name in ("run_or_snapshot", "metrics", "cases", "baseline", "fail_on", "tolerance"):
+        assert name in text, name
+    assert "comma-separated" in text and "working directory" in text
+    assert 'Property is type "None"' not in text and "Something went wrong" not in text
+
+
+@pytest.fixture(scope="module")
+def worker(deployed, tmp_path_factory):
+    """A worker of the deployed pool (stopped by PID): once for the module, since starting
+    a worker costs ~20 s each time."""
+    env = {**deployed, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
     path = tmp_path_factory.mktemp("worker") / "worker.log"
     log = open(path, "wb")
-    # --limit 4: the end-to-end tests' four flow runs may all run at once
+    # --limit 4: the end-to-end tests' three flow runs may all run at once
     proc = subprocess.Popen([PREFECT, "worker", "start", "--pool", "evalsnap-process",
                              "--limit", "4"], cwd=ROOT, env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
@@ -182,14 +266,12 @@ def flow_runs(worker, tmp_path_factory) -> dict:
             "cases": "weather_paris"})  # the form's comma-separated text boxes
         typed = client.create_flow_run_from_deployment(rerun.id, parameters=gate_parameters,
                                                        name="after the reference fix")
-        untyped = client.create_flow_run_from_deployment(
-            rerun.id, parameters={**gate_parameters, "fail_on": "never"}, name="nu5-xultun")
         graph_run = client.create_flow_run_from_deployment(nightly.id, parameters={
             "agent_dir": str(graph_agent), "evalset": str(graph_agent / "trip.evalset.json"),
             "config": "", "store": str(gate_store / "graph"), "reuse": True, "baseline": ""})
     return {"rerun_deployment": rerun, "rerun_first": rerun_first, "rerun_store": rerun_store,
             "rerun": rerun_run.id, "gate_first": gate_first, "gate_store": gate_store,
-            "typed": typed.id, "untyped": untyped.id, "graph": graph_run.id}
+            "typed": typed.id, "gate_parameters": gate_parameters, "graph": graph_run.id}
 
 
 def test_rerun_deployment_end_to_end(worker, flow_runs):
@@ -209,7 +291,9 @@ def test_rerun_deployment_end_to_end(worker, flow_runs):
     with get_client(sync_client=True) as client:
         flow_run = _wait_final(client, flow_runs["rerun"], worker)
         assert flow_run.state.is_completed(), worker.tail(4000)
-        assert flow_run.name.startswith("rescore-")
+        # created with Prefect's random name: the flow made it a telling one
+        assert re.fullmatch(r"rescore-shop-subset-\d{8}-\d{6}-[0-9a-f]{4}", flow_run.name), \
+            flow_run.name
         assert {"evalsnap", "rerun"} <= set(flow_run.tags)
         artifacts = client.read_artifacts(
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id])))
@@ -284,7 +368,6 @@ def test_gate_fails_the_flow_run_emits_events_and_names_runs(worker, flow_runs):
     store_dir = flow_runs["gate_store"]
     with get_client(sync_client=True) as client:
         typed = _wait_final(client, flow_runs["typed"], worker)
-        untyped = _wait_final(client, flow_runs["untyped"], worker)
         graph_run = _wait_final(client, flow_runs["graph"], worker)
 
     assert typed.state.is_failed(), worker.tail(4000)
@@ -327,9 +410,13 @@ def test_gate_fails_the_flow_run_emits_events_and_names_runs(worker, flow_runs):
     assert {u.metric_name for u in graph_record.units} >= {"tool_trajectory_avg_score",
                                                            "final_state_match"}
 
-    # fail_on=never: the same regression, Completed; the random name became a telling one.
-    assert untyped.state.is_completed(), worker.tail(4000)
-    assert re.fullmatch(r"rescore-shop-subset-\d{8}-\d{6}-[0-9a-f]{4}", untyped.name), untyped.name
+    # fail_on=never: the same regression, Completed (the flow itself, as a flow run of this
+    # process on the same server: the deployment's way to a flow run is the two above)
+    from flows.rescore import rescore
+
+    never = rescore(**{**flow_runs["gate_parameters"], "fail_on": "never"}, return_state=True)
+    assert never.is_completed(), never.message
+    assert [r["eval_id"] for r in never.result()["regressions"]] == ["weather_paris"]
 
     # A gate failure is a verdict, not a crash: no ERROR record in the failed runs' logs on
     # the server, and no ERROR line or traceback in the worker's output (its flow runs' too)
@@ -363,66 +450,6 @@ def test_gate_fails_the_flow_run_emits_events_and_names_runs(worker, flow_runs):
     assert errors == [], [f"{e.level} {e.message[:300]}" for e in errors]
     output = worker.log.read_text()
     assert "Traceback" not in output and "| ERROR" not in output, worker.tail(6000)
-
-
-def _ui_server(home: Path) -> tuple[subprocess.Popen, str]:
-    """A second prefect server, with its UI (the session's runs without one)."""
-    from evalsnap.startup import wait_healthy
-    from tests.conftest import free_port
-
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": "",
-           "PREFECT_UI_ENABLED": "true", "PREFECT_UI_API_URL": url,
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    proc = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port",
-                             str(port), "--ui"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=open(home / "server.log", "wb"), start_new_session=True)
-    if not wait_healthy(url, proc, timeout=120):
-        _stop(proc)
-        pytest.fail("UI server not healthy: " + (home / "server.log").read_text()[-2000:])
-    return proc, url
-
-
-def test_custom_run_form_renders_without_none_toggles(tmp_path):
-    """The rerun deployment's custom-run form in Prefect's real UI (headless Chromium): every
-    parameter a plain input with its description, no ``None`` toggle; the screenshot is kept
-    in /tmp/form.png. The nightly deployment's description names the schedule's time zone."""
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.skip("Debian's chromium is not installed")
-    home = tmp_path / "ui-home"
-    home.mkdir()
-    server, url = _ui_server(home)
-    try:
-        env = {**os.environ, "PREFECT_API_URL": url, "PREFECT_HOME": str(home),
-               "PREFECT_CLI_PROMPT": "false"}
-        _prefect("work-pool", "create", "evalsnap-process", "--type", "process", env=env)
-        _prefect("--no-prompt", "deploy", "--all", env=env, timeout=300)
-        import httpx
-
-        deployments = httpx.post(f"{url}/deployments/filter", json={}, timeout=10).json()
-        by_name = {d["name"]: d for d in deployments}
-        assert "Europe/Paris" in by_name["nightly-eval"]["description"]
-        schema = by_name["rerun"]["parameter_openapi_schema"]["properties"]
-        assert all("anyOf" not in p and p.get("type") != "null" for p in schema.values()), schema
-        page = url.removesuffix("/api") + f"/deployments/deployment/{by_name['rerun']['id']}/run"
-        args = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu",
-                "--disable-background-networking", "--no-first-run", "--hide-scrollbars",
-                "--virtual-time-budget=20000"]
-        Path("/tmp/form.png").unlink(missing_ok=True)  # this run's screenshot, not an old one
-        # one page load gives both: the screenshot and the DOM it shows
-        dom = subprocess.run([*args, "--window-size=1280,2600", "--screenshot=/tmp/form.png",
-                              "--dump-dom", page], capture_output=True, text=True, timeout=120,
-                             check=True).stdout
-    finally:
-        _stop(server)
-    assert Path("/tmp/form.png").stat().st_size > 20_000
-    text = re.sub(r"<[^>]+>", " ", dom)
-    for name in ("run_or_snapshot", "metrics", "cases", "baseline", "fail_on", "tolerance"):
-        assert name in text, name
-    assert "comma-separated" in text and "working directory" in text
-    assert 'Property is type "None"' not in text and "Something went wrong" not in text
 
 
 def test_the_documented_automation_is_one_prefect_accepts():

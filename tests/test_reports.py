@@ -394,9 +394,12 @@ def test_s3_store_publishes_and_reports(tmp_path: Path) -> None:
         s3_create_bucket(server, "reports")
         url, option = "s3://reports/nightly", f"endpoint_url={server.url}"
         env = _env()
+        # two metrics, no judge: what is published and reported does not depend on which
+        # metrics there are (final_state_match fails on cart_state_mismatch)
+        metrics = ("--metric", "response_match_score", "--metric", "final_state_match")
         r = run_inproc("run", str(agent), str(agent / "shop.evalset.json"), "--store", url,
                     "--storage-option", option, "--case", "weather_paris", "--case",
-                    "cart_state_mismatch", "--json", env=env)
+                    "cart_state_mismatch", *metrics, "--json", env=env)
         assert r.code == 1, r.stderr[-3000:]
         fs = fsspec.filesystem("s3", endpoint_url=server.url, key="testing", secret="testing",
                                use_listings_cache=False)
@@ -409,6 +412,7 @@ def test_s3_store_publishes_and_reports(tmp_path: Path) -> None:
         assert out.read_bytes() == stored, "expected the stored page and the command's to agree"
         suite = ET.parse(junit).getroot().find("testsuite")
         assert suite is not None and suite.get("failures") == "1"  # cart_state_mismatch
+        assert suite.get("tests") == "4"  # two cases × two metrics
 
         # One click away: stored as an HTML page, and --json's link (signed: no public URL
         # is set) opens it over plain HTTP, without credentials, until it expires
@@ -426,8 +430,8 @@ def test_s3_store_publishes_and_reports(tmp_path: Path) -> None:
         assert got.headers["content-type"].startswith("text/html")
         # with a public base URL the link is that base + the page's path, with no expiry
         public = run_inproc("run", str(agent), str(agent / "shop.evalset.json"), "--store", url,
-                            "--storage-option", option, "--case", "weather_paris", "--json",
-                            env={**env, "EVALSNAP_PUBLIC_URL": "https://evals.example.com/n/"})
+                            "--storage-option", option, "--case", "weather_paris", *metrics,
+                            "--json", env={**env, "EVALSNAP_PUBLIC_URL": "https://evals.example.com/n/"})
         assert public.code == 0, public.stderr[-3000:]
         assert public.json["report_url"] == (
             "https://evals.example.com/n/v1/refs/reports/"

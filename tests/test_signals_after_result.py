@@ -35,7 +35,8 @@ def test_a_signal_after_the_json_was_printed_exits_with_the_printed_code(shop_co
     mark = tmp_path / "exiting"
     proc = _start(["run", str(shop_copy), str(shop_copy / "shop.evalset.json"),
                    "--store", str(tmp_path / "s"), "--json",
-                   "--case", "out_of_scope_flight"],  # one case, incomplete: exit 3
+                   # one case and one metric, left NOT_EVALUATED there: incomplete, exit 3
+                   "--case", "out_of_scope_flight", "--metric", "final_state_match"],
                   {"EXIT_MARK": str(mark)})
     assert proc.stdout is not None
     line = proc.stdout.readline()  # the one JSON object, printed before the exit handlers
