@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests._cli import run_inproc
-from tests.conftest import EVALSET, ROOT, copy_agent, copy_shop
+from tests.conftest import EVALSET, ROOT, copy_agent, copy_shop, prefect_api
 
 PREFECT = str(Path(sys.executable).parent / "prefect")
 EXPECTED = {
@@ -104,9 +104,22 @@ class Worker:
         return self.log.read_text()[-size:]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _recording_server(recording_prefect_api: str) -> Iterator[None]:
+    """This module's Prefect server records task runs and events (the tests read both
+    back): its deployments, worker, flow runs and clients all use it."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("PREFECT_API_URL", recording_prefect_api)
+    try:
+        with prefect_api(recording_prefect_api):
+            yield
+    finally:
+        patch.undo()
+
+
 @pytest.fixture(scope="module")
 def deployed() -> dict:
-    """Creates the process work pool and deploys prefect.yaml on the session's server, once
+    """Creates the process work pool and deploys prefect.yaml on the module's server, once
     for the module (the end-to-end tests' worker and the UI's form test read them)."""
     env = {**os.environ, "PREFECT_CLI_PROMPT": "false"}
     # (`work-pool ls` truncates names in a narrow table: create it, or update it in place)
@@ -120,7 +133,7 @@ def deployed() -> dict:
 def _prefect_ui(static: Path, api_url: str) -> Iterator[str]:
     """Prefect's own UI app (``create_ui_app``: what ``prefect server start --ui`` mounts
     at ``/``, its static bundle and ``/ui-settings``) served from this process on
-    127.0.0.1, its API the session's server (which runs without a UI): a second server
+    127.0.0.1, its API the module's server (which runs without a UI): a second server
     and a second deployment of prefect.yaml cost ~25 CPU s. Stopped on exit."""
     import contextvars
     import threading
