@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from tests._cli import run_inproc
+from tests._speed1_cli import fast_user_module_scan  # noqa: F401 - autouse fixture
 from tests.conftest import ROOT
 from tests.servers import Server, moto_with_bucket
 
