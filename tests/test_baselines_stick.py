@@ -16,6 +16,7 @@ store works on a copy):
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 
 from tests._cli import run_inproc
+from tests._speed1_cli import fast_user_module_scan  # noqa: F401 - autouse fixture
 from tests.conftest import EVALSET, copy_shop
 
 CASES = ["weather_paris", "cart_add_two_items", "greeting_then_weather"]
@@ -51,6 +53,16 @@ def _files(agent: Path) -> dict[str, Path]:
 def _night(files: dict[str, Path], store: Path, evalset: str, *extra: str) -> Any:
     return run_inproc("run", str(files["agent"]), str(files[evalset]), "--config",
                       str(files["config"]), "--store", str(store), "--reuse", "--json", *extra)
+
+
+def _writer_started_ago(store: Path, seconds: float) -> None:
+    """``v1/STORE`` dated ``seconds`` ago: every writing command (pin and unpin too) rewrites
+    it when it starts, and gc sweeps objects only once the latest writer is not recent
+    (:data:`evalsnap.records.gc._STEP`); as if that long had passed since the last one."""
+    marker = store / "v1" / "STORE"
+    assert marker.is_file(), marker
+    old = time.time() - seconds
+    os.utime(marker, (old, old))
 
 
 LAST_GOOD = ("--baseline", "last-good", "--fail-on", "regression")
@@ -156,7 +168,8 @@ def test_gc_keeps_pinned_accepted_and_last_good_runs_and_leaves_tombstones(
     table = run_inproc("ls", "--store", store, env={"COLUMNS": "300"})
     assert "pinned (release 1.0)" in table.stdout and "accepted by alice" in table.stdout
 
-    time.sleep(2.5)  # the pin started a writer: gc sweeps objects only once it is not recent
+    # the pin started a writer: gc sweeps objects only once it is not recent
+    _writer_started_ago(store_copy, 3)
     report = run_inproc("gc", "--store", store, "--keep-last", "1", "--grace", "0", "--json")
     assert report.code == 0, report.stderr[-3000:]
     why = {r["run_id"]: r["why"] for r in report.json["runs_kept"]}
@@ -178,7 +191,7 @@ def test_gc_keeps_pinned_accepted_and_last_good_runs_and_leaves_tombstones(
     unpinned = run_inproc("unpin", ids["n1"], "--store", store, "--json")
     assert unpinned.code == 0 and unpinned.json["unpinned"] == ids["n1"], unpinned.stderr
     assert run_inproc("unpin", ids["n1"], "--store", store).code == 2  # not pinned any more
-    time.sleep(2.5)
+    _writer_started_ago(store_copy, 3)
     again = run_inproc("gc", "--store", store, "--keep-last", "1", "--grace", "0", "--json")
     assert again.code == 0, again.stderr[-3000:]
     assert [r["run_id"] for r in again.json["runs_removed"]] == [ids["n1"]]

@@ -3,20 +3,19 @@
 Run A scores three metrics, run B only one (same cases, same agent): with ``--keep-last 1``
 A goes, and with it A's snapshot and the units of the two metrics B did not score. Run C
 (A's config, ``--reuse``) makes exactly those again, byte for byte (objects hold no run id or
-time), or reuses them through the index. The store is made slow to collect with many old
-temporary files (gc removes them before any object), gc starts, and once gc has removed
-A's manifest (it read ``v1/STORE`` long before) it is held (SIGSTOP: a slow gc, made
-deterministic) while C runs from start to end; then gc goes on. Afterwards
-``verify`` is clean, ``show latest`` is C's run, and a later quiet gc still leaves a whole
-store. Local disk (ages set with ``os.utime``, the default grace period) and moto S3 (no way
-to backdate there, so ``--grace 0``).
+time), or reuses them through the index. gc (a process of its own) starts, and once it has
+removed A's manifest (it read ``v1/STORE`` long before), its index entries and cached
+results, it is held where it sweeps the store's old temporary files, before any object
+(:mod:`tests._speed1_gc_hold`: a slow gc, made deterministic), while C runs from start to
+end; then gc goes on. Afterwards ``verify`` is clean, ``show latest`` is C's run, and a
+later quiet gc still leaves a whole store. Local disk (ages set with ``os.utime``, the
+default grace period) and moto S3 (no way to backdate there, so ``--grace 0``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from typing import Any
 import pytest
 
 from tests._cli import run_inproc
+from tests._speed1_cli import fast_user_module_scan  # noqa: F401 - autouse fixture
 from tests.conftest import ROOT
 from tests.servers import Server, moto_with_bucket
 
@@ -39,7 +39,9 @@ CONFIG_A = {"evalsnapPlugins": PLUGINS,
                              "judgeModel": "offline-judge-v1", "numSamples": 1}}}}
 CONFIG_B = {"evalsnapPlugins": PLUGINS, "criteria": {"tool_trajectory_avg_score": 1.0}}
 BUCKET = "evalsnap-faults3"
-LITTER = {"local": 20000, "s3": 3000}
+#: Old temporary files of interrupted writes: gc sweeps them after the index entries and
+#: cached results, before any object, and is held there (:mod:`tests._speed1_gc_hold`).
+LITTER = 3
 _S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
            "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
@@ -92,8 +94,12 @@ class _S3:
                       for i in range(n)})
 
 
-def _popen(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "evalsnap.cli", *args], cwd=ROOT,
+def _popen_held(hold: Path, *args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    """``evalsnap ARGS`` in a process, held before it sweeps temporary files until
+    ``hold/go`` exists (it writes ``hold/held`` then)."""
+    hold.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([sys.executable, "-m", "tests._speed1_gc_hold", str(hold), *args],
+                            cwd=ROOT,
                             env={**os.environ, **env}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -142,32 +148,27 @@ def test_gc_and_a_run_that_starts_meanwhile(backend: str, shop_copy: Path, tmp_p
 
     run_a = run()
     run("--config", str(tmp_path / "only_trajectory.json"))  # B: newest, kept
-    store.litter(LITTER[backend])
+    store.litter(LITTER)
     store.age()
 
-    # SIGSTOP freezes gc in the middle of a store call while run C runs (10-30 s): the
-    # call's per-call deadline (EVALSNAP_STORE_TIMEOUT, 10 s) would expire in the frozen
-    # process and fail gc for a reason the test made. The hold is the test's, not a hang.
-    gc = _popen("gc", "--store", store.url, "--keep-last", "1", *grace, "--json",
-                env={**env, "EVALSNAP_STORE_TIMEOUT": "900"})
+    # gc in a process of its own, held (a slow gc, made deterministic) once it has removed
+    # run A's manifest, index entries and cached results, before any object, while run C
+    # runs from start to end in this process. The per-call store deadline
+    # (EVALSNAP_STORE_TIMEOUT) stays long, as when the hold was a SIGSTOP.
+    hold = tmp_path / "hold"
+    gc = _popen_held(hold, "gc", "--store", store.url, "--keep-last", "1", *grace, "--json",
+                     env={**env, "EVALSNAP_STORE_TIMEOUT": "900"})
     try:
-        _await("gc removing run A's manifest",
-               lambda: not store.exists(f"v1/refs/runs/{run_a['run_id']}"), gc)
-        # gc is sweeping (the litter: seconds of it). Held there — a slow gc, made
-        # deterministic — while run C runs from start to end.
-        os.kill(gc.pid, signal.SIGSTOP)
+        _await("gc holding before it sweeps temporary files", (hold / "held").exists, gc)
+        assert not store.exists(f"v1/refs/runs/{run_a['run_id']}"), "A's manifest is still there"
         try:
-            assert gc.poll() is None, "gc ended before run C started: give it more litter"
-            run_c = _popen("run", str(shop_copy), evalset, "--store", store.url, "--json",
-                           "--reuse", *cases, env=env)
-            try:
-                c_code, body_c, c_err = _json(run_c)
-            finally:
-                if run_c.poll() is None:
-                    run_c.kill()
-                    run_c.wait(10)
+            assert gc.poll() is None, "gc ended before run C started"
+            result_c = run_inproc("run", str(shop_copy), evalset, "--store", store.url,
+                                  "--json", "--reuse", *cases, env=env)
+            c_code, body_c, c_err = result_c.code, result_c.json, result_c.stderr
+            c_done = time.time()  # C wrote v1/STORE before this
         finally:
-            os.kill(gc.pid, signal.SIGCONT)
+            (hold / "go").touch()
         gc_code, report, gc_err = _json(gc)
     finally:
         if gc.poll() is None:
@@ -187,9 +188,13 @@ def test_gc_and_a_run_that_starts_meanwhile(backend: str, shop_copy: Path, tmp_p
 
     whole()
     assert [r["run_id"] for r in report["runs_removed"]] == [run_a["run_id"]]
+    assert report["kinds"]["temporary file"]["removed"] == LITTER, report["kinds"]
     assert report["objects_deferred"] and "started while gc ran" in report["objects_deferred"], \
         report
     # later, when no run writes: what gc deferred goes, and the store stays whole
+    # (gc takes a writer that started within 2 s of it as one that may still write,
+    # evalsnap.records.gc._STEP: C ended in this process just before)
+    time.sleep(max(0.0, c_done + 2.5 - time.time()))
     later = run_inproc("gc", "--store", store.url, "--keep-last", "1", "--grace", "0", "--json",
                        env=env)
     assert later.code == 0, later.stderr[-3000:]
