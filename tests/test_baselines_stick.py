@@ -25,7 +25,6 @@ from typing import Any
 import pytest
 
 from tests._cli import run_inproc
-from tests._speed1_cli import fast_user_module_scan  # noqa: F401 - autouse fixture
 from tests.conftest import EVALSET, copy_shop
 
 CASES = ["weather_paris", "cart_add_two_items", "greeting_then_weather"]

@@ -6,7 +6,7 @@ A goes, and with it A's snapshot and the units of the two metrics B did not scor
 time), or reuses them through the index. gc (a process of its own) starts, and once it has
 removed A's manifest (it read ``v1/STORE`` long before), its index entries and cached
 results, it is held where it sweeps the store's old temporary files, before any object
-(:mod:`tests._speed1_gc_hold`: a slow gc, made deterministic), while C runs from start to
+(:mod:`tests._gc_hold`: a slow gc, made deterministic), while C runs from start to
 end; then gc goes on. Afterwards ``verify`` is clean, ``show latest`` is C's run, and a
 later quiet gc still leaves a whole store. Local disk (ages set with ``os.utime``, the
 default grace period) and moto S3 (no way to backdate there, so ``--grace 0``).
@@ -27,7 +27,6 @@ from typing import Any
 import pytest
 
 from tests._cli import run_inproc
-from tests._speed1_cli import fast_user_module_scan  # noqa: F401 - autouse fixture
 from tests.conftest import ROOT
 from tests.servers import Server, moto_with_bucket
 
@@ -40,7 +39,7 @@ CONFIG_A = {"evalsnapPlugins": PLUGINS,
 CONFIG_B = {"evalsnapPlugins": PLUGINS, "criteria": {"tool_trajectory_avg_score": 1.0}}
 BUCKET = "evalsnap-faults3"
 #: Old temporary files of interrupted writes: gc sweeps them after the index entries and
-#: cached results, before any object, and is held there (:mod:`tests._speed1_gc_hold`).
+#: cached results, before any object, and is held there (:mod:`tests._gc_hold`).
 LITTER = 3
 _S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
@@ -98,7 +97,7 @@ def _popen_held(hold: Path, *args: str, env: dict[str, str]) -> subprocess.Popen
     """``evalsnap ARGS`` in a process, held before it sweeps temporary files until
     ``hold/go`` exists (it writes ``hold/held`` then)."""
     hold.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen([sys.executable, "-m", "tests._speed1_gc_hold", str(hold), *args],
+    return subprocess.Popen([sys.executable, "-m", "tests._gc_hold", str(hold), *args],
                             cwd=ROOT,
                             env={**os.environ, **env}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

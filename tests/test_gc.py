@@ -25,7 +25,6 @@ import pytest
 from typer.testing import CliRunner
 
 from tests._cli import run_inproc
-from tests._speed1_cli import fast_user_module_scan  # noqa: F401 - autouse fixture
 from tests.conftest import ROOT, copy_shop
 from tests.servers import Server, fake_gcs_with_bucket, moto_with_bucket
 

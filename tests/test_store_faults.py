@@ -28,7 +28,6 @@ import pytest
 from evalsnap.records import EvaluationRecord, ManifestEntry, repo
 from storage import Store
 from tests._cli import run_inproc
-from tests._speed1_cli import fast_user_module_scan  # noqa: F401 - autouse fixture
 from tests.conftest import CliResult, copy_shop
 from tests.servers import Server, start_moto
 from tests.test_remote_stores import _env

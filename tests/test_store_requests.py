@@ -22,7 +22,6 @@ import boto3
 import pytest
 
 from tests._cli import run_inproc
-from tests._speed1_cli import fast_user_module_scan  # noqa: F401 - autouse fixture
 from tests.conftest import copy_shop, run_cli
 from tests.servers import Server, moto_with_bucket
 from tests.test_remote_stores import _env

@@ -1,4 +1,4 @@
-"""``python -m tests._speed1_gc_hold HOLD_DIR gc …``: ``evalsnap gc`` in a process of its own
+"""``python -m tests._gc_hold HOLD_DIR gc …``: ``evalsnap gc`` in a process of its own
 (as ``python -m evalsnap.cli``), held at one point of its sweep until the test lets it go.
 
 gc deletes in a fixed order (:data:`evalsnap.records.gc._DELETE_ORDER`): run manifests,
