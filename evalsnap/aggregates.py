@@ -29,7 +29,6 @@ incomplete (exit 3), never passed on part of its repetitions.
 from __future__ import annotations
 
 import functools
-
 import statistics
 from collections.abc import Iterable
 from typing import Any

@@ -84,7 +84,7 @@ def _user_module(module: Any) -> bool:
     return _user_file(file) if os.path.isabs(file) else _user_file.__wrapped__(file)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _user_file(file: str) -> bool:
     """``_user_module`` by file: a file's place does not change within a session (resolving
     every module's path on every call was most of an in-process call's own cost)."""

@@ -28,7 +28,6 @@ import pytest
 
 from tests._cli import CliResult, needs_a_process, run_inproc
 
-
 #: What a CLI process imported before its ``timeout`` ran too; here they are imported once,
 #: before the first call is timed, so a busy machine's seconds of imports are not a "hang".
 _WARM = ("prefect.main", "evalsnap.cli", "google.adk.evaluation.metric_evaluator_registry",

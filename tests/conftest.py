@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -36,6 +37,9 @@ _server: subprocess.Popen | None = None
 # generous: on a shared 2-core machine under load the server has taken more than 90 s
 _SERVER_START_TIMEOUT = 300
 _home: str | None = None
+# the recording server the xdist controller starts for its workers (recording_prefect_api)
+_recording: subprocess.Popen | None = None
+_recording_home: str | None = None
 
 
 def free_port() -> int:
@@ -119,9 +123,17 @@ def pytest_configure(config: pytest.Config) -> None:
         if str(path) not in sys.path:
             sys.path.insert(0, str(path))
     if not os.environ.get("EVALSNAP_TEST_PREFECT_API_URL"):
-        _start_prefect_server()
-        if _is_xdist_controller(config):  # the workers, started after this, inherit it
+        if _is_xdist_controller(config):  # the workers, started after this, inherit both
+            global _recording, _recording_home
+            _recording_home = tempfile.mkdtemp(prefix="evalsnap-prefect-recording-")
+            with ThreadPoolExecutor(1) as pool:  # the two servers start side by side
+                recording = pool.submit(start_prefect_server, _recording_home)
+                _start_prefect_server()
+                _recording, url = recording.result()
             os.environ["EVALSNAP_TEST_PREFECT_API_URL"] = os.environ["PREFECT_API_URL"]
+            os.environ["EVALSNAP_TEST_RECORDING_API_URL"] = url
+        else:
+            _start_prefect_server()
     else:
         os.environ["PREFECT_API_URL"] = os.environ["EVALSNAP_TEST_PREFECT_API_URL"]
         if os.environ.get("PYTEST_XDIST_WORKER"):  # a client home of its own, as before
@@ -133,6 +145,10 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     if _server is not None:
         stop_prefect_server(_server)
+    if _recording is not None:
+        stop_prefect_server(_recording)
+    if _recording_home:
+        shutil.rmtree(_recording_home, ignore_errors=True)
     if _home:
         shutil.rmtree(_home, ignore_errors=True)
 
@@ -150,13 +166,14 @@ SLOW_MODULES = frozenset({
 #: ``--dist loadfile`` xdist hands modules out in collection order, so these start first and
 #: the run does not end with one worker busy on a long module while the other idles.
 LONGEST_FIRST = (
-    "test_gc", "test_faults3_gc", "test_prefect_deployments", "test_agent_identity",
-    "test_bench", "test_remote_stores", "test_adk_project_conventions", "test_store_requests",
-    "test_reuse", "test_signals", "test_hostile_code", "test_agent_identity_hostile",
-    "test_store_faults", "test_dask", "test_cli_process", "test_kill_resume", "test_deadlines",
-    "test_fail_on_baseline", "test_signals_after_result", "test_scoring_pool", "test_retries",
-    "test_repetitions", "test_faults3", "test_efficiency_tokens", "test_reports",
-    "test_explain_diff")
+    "test_remote_stores", "test_prefect_deployments", "test_gc", "test_adk_project_conventions",
+    "test_bench", "test_store_requests", "test_signals", "test_reuse", "test_store_faults",
+    "test_hostile_code", "test_agent_identity", "test_dask", "test_deadlines",
+    "test_cli_process", "test_signals_after_result", "test_kill_resume", "test_faults3_gc",
+    "test_site", "test_import_hygiene", "test_reports", "test_agent_identity_hostile",
+    "test_lazy_imports", "test_repetitions", "test_scoring_pool", "test_langgraph_lane",
+    "test_bad_inputs", "test_faults3", "test_walking_skeleton", "test_reuse_rules",
+    "test_baselines_stick")
 
 
 def _module_name(item: pytest.Item) -> str:
@@ -201,11 +218,17 @@ def golden_demo(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def recording_prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The API URL of a ``prefect server`` with every service (events and task runs
-    recorded), for a test that reads either back; one per test process, started at first
-    use. The session's own server records neither (``_LEAN_SERVER``). Prefect's settings
+    recorded), for a test that reads either back. Under pytest-xdist the controller starts
+    it with the session's server and the workers share it (``EVALSNAP_TEST_RECORDING_API_URL``:
+    one start instead of one per worker that needs it); otherwise it starts at first use.
+    The session's own server records neither (``_LEAN_SERVER``). Prefect's settings
     are read when a process starts: a CLI call given this URL in its ``env`` runs in a
     process of its own (:func:`tests._cli.needs_a_process`); in this process, read from
     it inside :func:`prefect_api`."""
+    shared = os.environ.get("EVALSNAP_TEST_RECORDING_API_URL")
+    if shared:
+        yield shared
+        return
     home = tempfile.mkdtemp(prefix="evalsnap-prefect-recording-")
     server, url = start_prefect_server(home)
     try:
