@@ -128,8 +128,10 @@ def pytest_configure(config: pytest.Config) -> None:
             _recording_home = tempfile.mkdtemp(prefix="evalsnap-prefect-recording-")
             with ThreadPoolExecutor(1) as pool:  # the two servers start side by side
                 recording = pool.submit(start_prefect_server, _recording_home)
-                _start_prefect_server()
-                _recording, url = recording.result()
+                try:
+                    _start_prefect_server()
+                finally:  # kept even when the other failed: unconfigure stops both
+                    _recording, url = recording.result()
             os.environ["EVALSNAP_TEST_PREFECT_API_URL"] = os.environ["PREFECT_API_URL"]
             os.environ["EVALSNAP_TEST_RECORDING_API_URL"] = url
         else:
