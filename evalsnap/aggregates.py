@@ -7,7 +7,7 @@ from scipy (STYLE 22), each estimator named here and in ``docs/repetitions.md``:
   (``scipy.stats.binomtest(passed, scored).proportion_ci(0.95, method="wilson")``);
 * ``pass_at_k`` / ``pass_hat_k``, for k = 1…scored, the unbiased estimators
   pass@k = 1 − C(scored − passed, k) / C(scored, k) and pass^k = C(passed, k) / C(scored, k)
-  (``scipy.special.comb`` with ``exact=True``);
+  (``math.comb``: exact integers, as ``scipy.special.comb(..., exact=True)`` gives them);
 * ``mean_score`` / ``score_stdev``: mean and sample standard deviation of the repetitions'
   scores (None with fewer than 1 / 2 scores).
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import statistics
+from math import comb
 from collections.abc import Iterable
 from typing import Any
 
@@ -58,13 +59,11 @@ def _wilson(passed: int, n: int) -> tuple[float, float]:
 
 def pass_at_k(passed: int, n: int) -> tuple[dict[str, float], dict[str, float]]:
     """pass@k and pass^k for k = 1…n, keyed by ``str(k)``."""
-    from scipy.special import comb
-
     at, hat = {}, {}
     for k in range(1, n + 1):
-        total = comb(n, k, exact=True)
-        at[str(k)] = 1.0 - comb(n - passed, k, exact=True) / total
-        hat[str(k)] = comb(passed, k, exact=True) / total
+        total = comb(n, k)
+        at[str(k)] = 1.0 - comb(n - passed, k) / total
+        hat[str(k)] = comb(passed, k) / total
     return at, hat
 
 

@@ -84,6 +84,11 @@ class Settings(BaseSettings):
     link_expiry: int = Field(
         7 * 24 * 3600, ge=60, le=7 * 24 * 3600,
         description="Seconds a signed report link stays valid (at most 7 days, S3's limit)")
+    report_detail_cases: int = Field(
+        200, ge=0, description="Cases whose conversation, invocation rows and judge ledger "
+                               "a run's HTML page shows (regressed, failed and incomplete "
+                               "first); every other case is a row of scores, its details in "
+                               "`evalsnap show RUN --json`: the page stays small at any size")
     user: str | None = Field(
         None, description="Who accepts or pins a run (`evalsnap accept`, `pin`), as recorded "
                           "in the store; default: the operating system's user name")

@@ -393,10 +393,13 @@ def _read_local(fs: AbstractFileSystem, path: str, limit: int | None) -> bytes:
         return bytes(fs.cat_file(path))
     with fs.open(path, "rb") as handle:
         handle.seek(0, os.SEEK_END)  # where it can, the size before the bytes
-        if handle.tell() > limit:
+        size = handle.tell()
+        if size > limit:
             raise _Oversize(path)
         handle.seek(0)
-        return bytes(handle.read(limit + 1))
+        # one byte more than the file has (a file grown since is still found too long), never
+        # limit + 1: a read of n bytes allocates n first (a GiB per record read)
+        return bytes(handle.read(size + 1))
 
 
 class _Oversize(Exception):

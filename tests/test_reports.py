@@ -212,6 +212,31 @@ def test_regressed_and_failing_cases_first(made: dict[str, Any], tmp_path: Path)
     assert set(rest[:len(failing - regressed_cases)]) == failing - regressed_cases, order
 
 
+def test_a_large_run_details_its_worst_cases_only(made: dict[str, Any], tmp_path: Path) -> None:
+    """Past ``EVALSNAP_REPORT_DETAIL_CASES`` cases, the page shows the conversation and judge
+    ledger of the first ones in its order (regressed, failed, incomplete) and the scores of
+    every case: its size stays bounded whatever the run's size."""
+    full_page = tmp_path / "full.html"
+    small_page = tmp_path / "small.html"
+    args = ("report", made["b"]["run_id"], "--store", made["store"], "--baseline",
+            made["a"]["run_id"])
+    assert run_inproc(*args, "--html", str(full_page)).code == 0
+    r = run_inproc(*args, "--html", str(small_page), env={"EVALSNAP_REPORT_DETAIL_CASES": "2"})
+    assert r.code == 0, r.stderr[-3000:]
+    full, small = full_page.read_text("utf-8"), small_page.read_text("utf-8")
+    cases = len(made["b"]["cases"])
+    assert full.count('<table class="conversation">') == cases > 2
+    assert small.count('<table class="conversation">') == 2
+    assert 'data-field="details_shown"' in small and 'data-field="details_shown"' not in full
+    assert len(small) < len(full)
+    page = parse_page(small)
+    check_numbers(page, made["show"]["b"], made["b"])  # every case's scores still shown
+    detailed = re.findall(r'<details class="case"[^>]*data-case="([^"]+)"[^>]*><summary>.*?'
+                          r'</summary>(<table class="conversation">)?', small, re.S)
+    assert [bool(conv) for _, conv in detailed] == [True, True] + [False] * (cases - 2)
+    assert [c for c, _ in detailed] == [c for c, _ in parse_page(full).cases]  # same order
+
+
 def test_junit_one_testcase_per_case_and_metric(made: dict[str, Any], tmp_path: Path) -> None:
     out = tmp_path / "b.xml"
     r = run_inproc("report", made["b"]["run_id"], "--store", made["store"], "--junit", str(out))

@@ -224,6 +224,31 @@ def test_case_history_marks_what_history_flaky_counts(flipped: dict[str, Any]) -
         (k[0], k[2]) for k in b if b[k]["status"] != a[k]["status"]}
 
 
+def test_a_large_set_keeps_its_pages_bounded(flipped: dict[str, Any], tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``EVALSNAP_REPORT_DETAIL_CASES`` cases a run has case pages for its worst cases
+    only, and past ``CASE_LINES`` case × metric lines the case history shows the flaky
+    ones first and says how many it left out."""
+    from evalsnap.reports import site
+
+    monkeypatch.setattr(site, "CASE_LINES", 3)
+    out = tmp_path / "site"
+    r = run_inproc("site", "--store", str(flipped["store"]), "--out", str(out),
+                   env={"EVALSNAP_REPORT_DETAIL_CASES": "1"})
+    assert r.code == 0, r.stderr[-3000:]
+    for run in (flipped["cold"], flipped["strict"]):
+        run_dir = out / "runs" / site.page_name(run["run_id"])
+        assert len(list((run_dir / "cases").glob("*.html"))) == 1, run_dir
+        page = (run_dir / "index.html").read_text("utf-8")
+        assert page.count('<table class="conversation">') == 1
+        assert 'data-field="details_shown"' in page
+    dom = (out / "sets" / "shop" / "cases.html").read_text("utf-8")
+    lines = re.findall(r'<tr data-case="[^"]+" data-metric="[^"]+" data-flips="\d+" '
+                       r'data-flaky="(true|false)">', dom)
+    assert lines == ["true"] * 3, lines  # the stricter thresholds flipped more than 3
+    assert "The first 3 of " in dom
+
+
 @needs_chromium
 def test_site_out_dir_is_the_published_site(flipped: dict[str, Any], tmp_path: Path) -> None:
     """``evalsnap site --out DIR`` writes, from the records, the pages the runs refreshed;

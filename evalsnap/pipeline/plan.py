@@ -92,7 +92,8 @@ class Plan:
         return json.dumps(self.config.raw, sort_keys=True)
 
     def selected_eval_set(self) -> EvalSet:
-        cases = [c for c in self.eval_set.eval_cases if c.eval_id in set(self.case_ids)]
+        wanted = set(self.case_ids)
+        cases = [c for c in self.eval_set.eval_cases if c.eval_id in wanted]
         return self.eval_set.model_copy(update={"eval_cases": cases})
 
     def selected_rules(self) -> list[Any]:
@@ -396,7 +397,8 @@ def plan_rescore(spec: RunSpec, ctx: RunContext, *, good: marks.GoodFn | None = 
                 repetition_gate=check_gate(spec.repetition_gate), fail_on=spec.fail_on)
     _select(plan, spec.metrics, spec.cases)
     # cases left out by --case are not "without inference": the selection does not ask for them
-    plan.uninferred_cases = [c for c in plan.uninferred_cases if c in set(plan.case_ids)]
+    inferred = set(plan.case_ids)
+    plan.uninferred_cases = [c for c in plan.uninferred_cases if c in inferred]
     plan.case_ids = [c for c in plan.case_ids if c in frozen_ids]
     if not plan.case_ids:
         raise UsageError(f"none of the selected cases has frozen inference in {run_or_snapshot} "

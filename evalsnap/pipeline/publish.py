@@ -56,8 +56,22 @@ def _parent_view(store: Any, parent_oid: str | None) -> tuple[dict[tuple, UnitRe
     return {(u.eval_id, u.repetition, u.metric_name): u for u in parent.units}, snap
 
 
+class _Cases:
+    """A snapshot's frozen cases by (eval id, repetition), built at the first lookup (publish
+    explains every changed unit: a dict built per unit would walk every case per case)."""
+
+    def __init__(self, snapshot: Snapshot | None) -> None:
+        self.snapshot = snapshot
+
+    @functools.cached_property
+    def by_key(self) -> dict[tuple[str, int], Any]:
+        cases = self.snapshot.cases if self.snapshot is not None else []
+        return {(c.eval_id, c.repetition): c for c in cases}
+
+
 def explain_change(outcome: UnitOutcome, snapshot: Snapshot, parent_units: dict[tuple, UnitRef],
-                   parent_snapshot: Snapshot | None) -> str:
+                   parent_snapshot: Snapshot | None, *,
+                   cases: tuple[_Cases, _Cases] | None = None) -> str:
     """Names the part of the unit key that changed since the previous record."""
     if outcome.why != "new":
         return outcome.why
@@ -73,11 +87,10 @@ def explain_change(outcome: UnitOutcome, snapshot: Snapshot, parent_units: dict[
             return "new"
         return "rule changed"
     if before.case_fingerprint != outcome.case_fingerprint:
-        old = {(c.eval_id, c.repetition): c for c in parent_snapshot.cases}.get(
-            (outcome.eval_id, outcome.repetition))
-        new = {(c.eval_id, c.repetition): c for c in snapshot.cases}[
-            (outcome.eval_id, outcome.repetition)]
-        if old is not None and old.reference != new.reference:
+        before, now = cases or (_Cases(parent_snapshot), _Cases(snapshot))
+        old = before.by_key.get((outcome.eval_id, outcome.repetition))
+        new = now.by_key.get((outcome.eval_id, outcome.repetition))
+        if old is not None and new is not None and old.reference != new.reference:
             return "reference changed"
         return "inference changed"
     return "new"
@@ -240,6 +253,7 @@ def publish(req: PublishRequest, ctx: RunContext, *,
         return None, None
 
     unit_refs, recovered = [], []
+    cases = (_Cases(parent_snapshot), _Cases(snapshot))
     for o in req.units:
         reused = o.run_id != req.run_id
         origin_oid, origin = published_origin(o) if reused else (None, None)
@@ -252,7 +266,7 @@ def publish(req: PublishRequest, ctx: RunContext, *,
             reused=reused, reused_from_run=origin.run_id if origin else None,
             reused_from_record=origin_oid if origin else None,
             why=("reused" if origin else RECOVERED) if reused
-            else explain_change(o, snapshot, parent_units, parent_snapshot)))
+            else explain_change(o, snapshot, parent_units, parent_snapshot, cases=cases)))
     inf_refs, agent_unreported = [], 0
     for i in req.inference:
         ref, unreported = inference_ref(store, i, req.run_id)

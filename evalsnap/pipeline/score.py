@@ -159,7 +159,8 @@ async def score_metric_async(req: ScoreRequest, ctx: RunContext,
             reused_samples = recorder.reused_samples
         return _outcome(unit, writes.put(unit), why, reused_samples, entries)
 
-    cases = [c for c in snapshot.cases if req.case_ids is None or c.eval_id in req.case_ids]
+    wanted = set(req.case_ids) if req.case_ids is not None else None
+    cases = [c for c in snapshot.cases if wanted is None or c.eval_id in wanted]
     writes = repo.WriteBatch(store)
     outcomes = list(await asyncio.gather(*(one(c) for c in cases)))
     writes.flush()  # the task's new objects together, then the entries that name them
@@ -202,8 +203,9 @@ def units_lost(req: ScoreRequest, reason: str, ctx: RunContext) -> list[UnitOutc
     snapshot = repo.get_snapshot(store, req.snapshot_oid)
     rule = snapshot.rule(req.metric_name)
     outcomes = []
+    wanted = set(req.case_ids) if req.case_ids is not None else None
     for frozen in snapshot.cases:
-        if req.case_ids is not None and frozen.eval_id not in req.case_ids:
+        if wanted is not None and frozen.eval_id not in wanted:
             continue
         reused, why = reuse.reusable_unit(store, rule, frozen, reuse=req.reuse, force=req.force)
         if reused is None:

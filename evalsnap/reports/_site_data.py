@@ -106,7 +106,7 @@ def run_row(store: Any, record_oid: str, record: EvaluationRecord,
     """The row of a record; ``result``: its :func:`summary`, ``point``: its history point,
     if made already."""
     result = result if result is not None else summary(store, record_oid, record)
-    point = point or _saved_point(store, record_oid, record) or run_point(store, record_oid,
+    point = point or _saved_point(store, record_oid, record.run_id) or run_point(store, record_oid,
                                                                           record)
     base = result.baseline
     compared = bool(base is not None and base.record_oid and not base.note)

@@ -57,6 +57,7 @@ def _pretty(value: Any) -> str:
 
 
 @functools.cache
+@functools.cache
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("evalsnap.reports", "templates"),
@@ -103,7 +104,7 @@ def store_report(store: Any, record_oid: str, record: EvaluationRecord, *,
     page made ``again`` later (``evalsnap report --store-page``) still links it."""
     point = run_point(store, record_oid, record)
     if again and flow_run_url is None:
-        flow_run_url = (_saved_point(store, record_oid, record) or {}).get("flow_run_url")
+        flow_run_url = (_saved_point(store, record_oid, record.run_id) or {}).get("flow_run_url")
     if flow_run_url and flow_run_url.startswith(("https://", "http://")):
         point["flow_run_url"] = flow_run_url
     save_point(store, point)
@@ -241,7 +242,8 @@ def _case(case: dict[str, Any], verdict: str, case_changes: dict[str, str]) -> d
         "not_passed": sum(m["status"] not in PASSING for m in case["metrics"].values()),
         "tokens": (case.get("tokens") or {}).get("total_tokens", "—"),
         "open": verdict != "passed" or bool(regressed),
-        "conversation": _conversation(case),
+        "details": case.get("details", True),
+        "conversation": _conversation(case) if case.get("details", True) else None,
         # the site's run page links each case's details (a page of their own) instead
         "href": None, "ledger_entries": sum(len(m.get("ledger") or []) for m in case["metrics"].values())}
 
@@ -298,14 +300,47 @@ def render(store: Any, record_oid: str, record: EvaluationRecord, *, trend_runs:
                                             baseline_oid=baseline_oid, current=current))
 
 
+def _detailed(store: Any, record: EvaluationRecord, moved: dict[tuple, str],
+              limit: int | None) -> set[tuple[str, int]] | None:
+    """The (eval id, repetition) pairs a page details: all of them up to ``limit`` cases,
+    else the first ``limit`` in the page's order (regressed, failed, incomplete, passed)."""
+    if limit is None:
+        from evalsnap import settings
+
+        limit = settings.get().report_detail_cases
+    keys = [(i.eval_id, i.repetition) for i in record.inference]
+    if len(keys) <= limit:
+        return None
+    from evalsnap.reports.summary import load_units
+
+    units = load_units(store, record)
+    rank = dict.fromkeys(keys, 3)  # passed
+    for inf in record.inference:
+        if inf.status != "success":
+            rank[(inf.eval_id, inf.repetition)] = 2
+    for ref in record.units:
+        key, unit = (ref.eval_id, ref.repetition), units[ref.unit_oid]
+        if not unit.complete:
+            rank[key] = min(rank.get(key, 3), 2)
+        if unit.status == "FAILED":
+            rank[key] = min(rank.get(key, 3), 1)
+    for (eval_id, rep, _), change in moved.items():
+        if change == "regressed":
+            rank[(eval_id, rep)] = 0
+    return set(sorted(keys, key=lambda k: rank[k])[:limit])
+
+
 def page_context(store: Any, record_oid: str, record: EvaluationRecord, *,
                  trend_runs: int = TREND_RUNS, baseline_oid: str | None = None,
                  current: dict[str, Any] | None = None,
-                 earlier: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                 earlier: list[dict[str, Any]] | None = None,
+                 detail_cases: int | None = None) -> dict[str, Any]:
     """What the page of ``record`` shows, as :func:`render` gives it to the template (the
     site's run and case pages are made from the same values). ``earlier``: the trend's
-    points before this run, oldest first, when known (else read with ``history``)."""
-    full = full_record(store, record_oid, record)
+    points before this run, oldest first, when known (else read with ``history``).
+    ``detail_cases``: how many cases show their conversation, invocation rows and judge
+    ledger (default ``EVALSNAP_REPORT_DETAIL_CASES``), regressed, failed and incomplete
+    cases first; the others show their scores."""
     s = record.summary
     if baseline_oid is None:
         baseline_oid = (record.baseline.record_oid if record.baseline is not None
@@ -316,9 +351,11 @@ def page_context(store: Any, record_oid: str, record: EvaluationRecord, *,
             baseline_oid = f"{baseline_oid} (run {base_run})"
     except EvalsnapError as exc:
         moved, baseline_oid = {}, f"{baseline_oid} (unreadable: {exc})"
+    detailed = _detailed(store, record, moved, detail_cases)
+    full = full_record(store, record_oid, record, detailed=detailed)
     # the stored point when there is one (as the trend reads it; it also keeps the link to
     # the flow run that published the record), else computed from the units
-    current = current or _saved_point(store, record_oid, record) \
+    current = current or _saved_point(store, record_oid, record.run_id) \
         or run_point(store, record_oid, record)
     if earlier is None:
         earlier = history(store, record.eval_set_id, last=trend_runs - 1,
@@ -375,4 +412,5 @@ def page_context(store: Any, record_oid: str, record: EvaluationRecord, *,
         n_regressed=sum(1 for c in moved.values() if c == "regressed"),
         n_fixed=sum(1 for c in moved.values() if c == "fixed"),
         metrics=metrics, points=points, cases=cases, nav=[], point=current,
+        detailed=sum(1 for c in cases if c["details"]),
         flow_run_url=current.get("flow_run_url"))

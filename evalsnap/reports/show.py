@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import Any
 
 from evalsnap.errors import EvalsnapError
@@ -20,17 +21,42 @@ def _ledger(store: Any, oids: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-def full_record(store: Any, record_oid: str, record: EvaluationRecord) -> dict[str, Any]:
+def _summary_case(store: Any, inf: Any, refs: Any, units: dict[str, ScoreUnit]) -> dict[str, Any]:
+    """A case of :func:`full_record` without its details: scores, statuses, the inference's
+    status (the units come from the run's shared parse: nothing else is read)."""
+    metrics = {}
+    for ref in refs:
+        unit = units[ref.unit_oid] = repo.get_unit_shared(store, ref.unit_oid)
+        metrics[ref.metric_name] = {**ref.model_dump(mode="json"),
+                                    **unit.model_dump(mode="json", exclude={"ledger", "rows"}),
+                                    "rows": [], "ledger": []}
+    return {"details": False, "eval_id": inf.eval_id, "repetition": inf.repetition,
+            "inference": {**inf.model_dump(mode="json"), "invocations": []},
+            "initial_session_state": None, "final_session_state": None, "reference": None,
+            "case_fingerprint": None, **case_efficiency(inf), "metrics": metrics}
+
+
+def full_record(store: Any, record_oid: str, record: EvaluationRecord, *,
+                detailed: Container[tuple[str, int]] | None = None) -> dict[str, Any]:
+    """The record with every link resolved. ``detailed``: the (eval id, repetition) pairs
+    whose inference, reference and judge ledger are read and included (default: all); the
+    other cases carry their scores and the inference's status only (``"details": False``),
+    so that a page of a large run reads and holds only what it shows."""
     snapshot = repo.get_snapshot(store, record.snapshot_oid) if record.snapshot_oid else None
     frozen = {(c.eval_id, c.repetition): c for c in snapshot.cases} if snapshot else {}
     cases, units = [], {}
+    refs_of: dict[tuple[str, int], list[Any]] = {}  # one pass over the units, not one per case
+    for ref in record.units:
+        refs_of.setdefault((ref.eval_id, ref.repetition), []).append(ref)
     for inf in record.inference:
+        key = (inf.eval_id, inf.repetition)
+        if detailed is not None and key not in detailed:
+            cases.append(_summary_case(store, inf, refs_of.get(key, ()), units))
+            continue
         inference = repo.get_inference(store, inf.inference_oid)
-        fc = frozen.get((inf.eval_id, inf.repetition))
+        fc = frozen.get(key)
         metrics = {}
-        for ref in record.units:
-            if (ref.eval_id, ref.repetition) != (inf.eval_id, inf.repetition):
-                continue
+        for ref in refs_of.get(key, ()):
             unit = units[ref.unit_oid] = repo.get(store, ScoreUnit, ref.unit_oid)
             metrics[ref.metric_name] = {
                 **ref.model_dump(mode="json"),
@@ -38,6 +64,7 @@ def full_record(store: Any, record_oid: str, record: EvaluationRecord) -> dict[s
                 "ledger": _ledger(store, unit.ledger),
             }
         cases.append({
+            "details": True,
             "eval_id": inf.eval_id, "repetition": inf.repetition,
             "inference": {**inf.model_dump(mode="json"),
                           "status": inference.status, "error": inference.error,

@@ -42,6 +42,9 @@ logger = logging.getLogger(__name__)
 CONTENT_TYPE = "text/html; charset=utf-8"
 #: Full runs the eval set's trend draws.
 TREND_RUNS = 120
+#: Case × metric lines of an eval set's case history page, flaky ones first (10,000 cases × 4
+#: metrics × 30 runs would be a page of 1.2 million cells).
+CASE_LINES = 2000
 
 
 def _run_dir(run_id: str) -> str:
@@ -101,9 +104,9 @@ def _case_history(s: SetData) -> dict[str, Any]:
     """Per case × metric, its status in each of the newest :data:`CASE_RUNS` runs (oldest
     first), how often it flipped and whether its repetitions disagreed in any of them."""
     runs = [r for r in s.runs if r.statuses][-CASE_RUNS:]
-    pairs: list[tuple[str, str]] = []
+    pairs: dict[tuple[str, str], None] = {}  # a set in first-seen order (a list: n² checks)
     for r in runs:
-        pairs += [(c, m) for c, ms in r.statuses.items() for m in ms if (c, m) not in pairs]
+        pairs.update(((c, m), None) for c, ms in r.statuses.items() for m in ms)
     lines: list[dict[str, Any]] = []
     for case, metric in sorted(pairs):
         statuses = [r.statuses.get(case, {}).get(metric) for r in runs]
@@ -114,8 +117,8 @@ def _case_history(s: SetData) -> dict[str, Any]:
                                                                          strict=True)],
                       "flaky": n > 0 or any(disagreed)})
     lines.sort(key=lambda x: (not x["flaky"], -x["flips"]))  # flaky first, stable otherwise
-    return {"runs": [_row(r, "../../") for r in runs], "lines": lines,
-            "n_flaky": sum(x["flaky"] for x in lines)}
+    return {"runs": [_row(r, "../../") for r in runs], "lines": lines[:CASE_LINES],
+            "n_flaky": sum(x["flaky"] for x in lines), "n_lines": len(lines)}
 
 
 def run_pages(store: Any, record_oid: str, record: EvaluationRecord, *,
@@ -132,6 +135,8 @@ def run_pages(store: Any, record_oid: str, record: EvaluationRecord, *,
            ("case history", f"{up}{_set_dir(record.eval_set_id)}/cases.html")]
     by_case: dict[str, list[dict[str, Any]]] = {}
     for c in ctx["cases"]:
+        if not c["details"]:
+            continue  # a row of scores on the run's page (EVALSNAP_REPORT_DETAIL_CASES)
         c["href"] = f"cases/{page_name(c['case']['eval_id'])}.html"
         by_case.setdefault(c["case"]["eval_id"], []).append(c)
     # every link of the site is relative (it opens from any base); the flow run's link is
