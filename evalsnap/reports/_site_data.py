@@ -181,18 +181,23 @@ def with_row(data: SetData | None, eval_set_id: str, row: RunRow) -> SetData:
     return SetData(eval_set_id=eval_set_id, runs=rows)
 
 
-def rebuild(store: Any, eval_set_id: str, names: list[str] | None = None) -> SetData:
+def rebuild(store: Any, eval_set_id: str, names: list[str] | None = None, *,
+            known: dict[str, RunRow] | None = None) -> SetData:
     """The rows of every readable run of ``eval_set_id`` (``names``: its manifests' names,
     oldest first, if listed already), read from the records; a run that cannot be read is
-    skipped with a warning, as ``history`` skips it."""
+    skipped with a warning, as ``history`` skips it. ``known``: rows made already, by
+    record id (the publishing run's: its record is not summarized twice)."""
     if names is None:
         names = [n for _, n in runs_by_set(store).get(eval_set_id, [])]
     data: SetData | None = None
     for name in names:
         try:
             manifest = repo.read_manifest(store, name)
-            record = repo.get(store, EvaluationRecord, manifest.record_oid)
-            data = with_row(data, eval_set_id, run_row(store, manifest.record_oid, record))
+            row = (known or {}).get(manifest.record_oid)
+            if row is None:
+                record = repo.get(store, EvaluationRecord, manifest.record_oid)
+                row = run_row(store, manifest.record_oid, record)
+            data = with_row(data, eval_set_id, row)
         except UNREADABLE_MANIFEST as exc:
             logger.warning("site: skipping run %s: %s", name, exc)
         except EvalsnapError as exc:

@@ -161,7 +161,7 @@ def refresh(store: Any, record_oid: str, record: EvaluationRecord, result: Recor
                        point=context["point"] if context is not None else None)
     found = data.load(store, record.eval_set_id)
     rows = data.with_row(found, record.eval_set_id, row) if found is not None else \
-        data.rebuild(store, record.eval_set_id)
+        data.rebuild(store, record.eval_set_id, known={record_oid: row})
     if row.run_id not in {r.run_id for r in rows.runs}:  # not listed yet: eventual listing
         rows = data.with_row(rows, record.eval_set_id, row)
     data.save(store, rows)
