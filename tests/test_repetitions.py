@@ -276,6 +276,30 @@ def test_regressions_are_not_noise(flaky, after_five):
     assert json.dumps(again) == json.dumps(delta)
 
 
+@pytest.mark.parametrize("shift", [0.0, 0.1, -1 / 3])
+def test_identical_differences_give_the_bootstrap_interval_without_resampling(shift):
+    """A rerun whose differences are all equal (nothing moved, or everything by the same
+    amount) gets the interval scipy's bootstrap finds for it, without its 9,999 resamples;
+    other differences still go through the bootstrap."""
+    import numpy as np
+    from scipy.stats import bootstrap
+
+    from evalsnap.reports.regressions import SEED, metric_deltas
+
+    def entries(scores):
+        return [{"eval_id": f"c{i}", "metric": "m", "mean_score": s} for i, s in enumerate(scores)]
+
+    before = [0.2, 0.5, 0.9, 0.4]
+    for after in ([b + shift for b in before], [0.3, 0.5, 0.6, 0.4]):
+        [delta] = metric_deltas(entries(after), entries(before))
+        res = bootstrap((np.array(before), np.array(after)),
+                        lambda u, v, axis=-1: np.mean(v - u, axis=axis), paired=True,
+                        vectorized=True, n_resamples=9999, confidence_level=0.95,
+                        method="percentile", rng=np.random.default_rng(SEED))
+        assert delta["ci95"] == [float(res.confidence_interval.low),
+                                 float(res.confidence_interval.high)]
+
+
 def test_history_flaky_lists_cases_whose_status_flipped(flaky):
     evalset = str(flaky["evalset"]) + ":always,mostly"
     overrides = flaky["module"].state().override

@@ -134,8 +134,10 @@ def changes(store: Any, record_oid: str, record: EvaluationRecord,
     base = repo.get(store, EvaluationRecord, baseline_oid)
     own = record.baseline
     tolerance = own.tolerance if own is not None and own.record_oid == baseline_oid else 0.0
-    found = compare(summary(store, record_oid, record), summary(store, baseline_oid, base),
-                    tolerance)
+    # the cases and aggregates of each side are what compare reads (not their own baseline
+    # comparisons, which would run the bootstrap once more per side)
+    found = compare(summary(store, record_oid, record, compare=False),
+                    summary(store, baseline_oid, base, compare=False), tolerance)
     out = {(r["eval_id"], r["repetition"], r["metric"]): "regressed" for r in found["regressions"]}
     out.update({(r["eval_id"], r["repetition"], r["metric"]): "fixed" for r in found["fixes"]})
     return out, base.run_id
