@@ -26,7 +26,6 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -44,7 +43,6 @@ __all__ = ["LAZY_MODULES", "NEEDED_BY_METRIC", "OPTIONAL_IMPORTED_PER_CALL", "De
            "apply_defaults", "child_start", "cli_start", "die_with_parent",
            "exit_without_teardown", "install", "leave_now", "module_command", "on_temporary_api",
            "prestart_ephemeral_api", "prestart_for_command", "preload", "preload_flow_engine",
-           "preload_statistics",
            "remember_missing", "wait_for_ephemeral_api", "wait_healthy"]
 
 
@@ -203,24 +201,6 @@ def preload_flow_engine() -> None:
     import fastapi.encoders  # noqa: F401
     import prefect.flow_engine  # noqa: F401
     import prefect.task_engine  # noqa: F401
-
-
-def preload_statistics() -> threading.Thread | None:
-    """Imports ``scipy.stats`` (~1 s) in the background: every publish needs it (the
-    report's Wilson intervals, a baseline's bootstrap), and the CLI's process is idle while
-    the temporary API starts."""
-    if "scipy.stats" in sys.modules:
-        return None
-
-    def run() -> None:
-        try:
-            importlib.import_module("scipy.stats")
-        except Exception:  # noqa: BLE001 - the first real use reports it
-            return
-
-    thread = threading.Thread(target=run, name="evalsnap-preload-stats", daemon=True)
-    thread.start()
-    return thread
 
 
 def on_temporary_api() -> bool:

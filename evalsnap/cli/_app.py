@@ -234,7 +234,6 @@ def _in_this_process(spec: RunSpec, preload: list[str], **kwargs: Any) -> Summar
     startup.remember_missing()  # ADK's agent runs retry a missing optional import per call
     startup.preload_flow_engine()
     startup.preload(preload)
-    startup.preload_statistics()  # the report's and the baseline comparison's
     startup.wait_for_ephemeral_api()
     return run_spec(spec, **kwargs)
 

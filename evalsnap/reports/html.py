@@ -57,7 +57,6 @@ def _pretty(value: Any) -> str:
 
 
 @functools.cache
-@functools.cache
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("evalsnap.reports", "templates"),

@@ -64,7 +64,6 @@ def full_record(store: Any, record_oid: str, record: EvaluationRecord, *,
                 "ledger": _ledger(store, unit.ledger),
             }
         cases.append({
-            "details": True,
             "eval_id": inf.eval_id, "repetition": inf.repetition,
             "inference": {**inf.model_dump(mode="json"),
                           "status": inference.status, "error": inference.error,
