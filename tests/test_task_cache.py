@@ -46,7 +46,7 @@ def _plant(results: StoreResults, key: str, data: bytes) -> None:
 
 
 def test_a_planted_pickle_is_refused_without_being_unpickled(results, tmp_path) -> None:
-    key = reuse.score_key("m", ["sha256:u"])
+    key = reuse.score_key("m", [("c", 0, "sha256:u")])
     blob = PickleSerializer().dumps(Evil()).decode()
     _plant(results, key, _record({"type": "pickle", "picklelib": "cloudpickle"}, blob))
     with pytest.raises(FileNotFoundError):
@@ -74,7 +74,7 @@ def test_a_planted_json_class_is_refused_without_being_imported(results, tmp_pat
 
 def test_a_well_formed_entry_the_indexes_do_not_back_is_absent(results) -> None:
     units = [_unit("sha256:u1"), _unit("sha256:u2")]
-    key = reuse.score_key("m", ["sha256:u1", "sha256:u2"])
+    key = reuse.score_key("m", [("c", 0, "sha256:u1"), ("c", 0, "sha256:u2")])
     assert reuse.cacheable(key, units)
     _plant(results, key, _record({"type": "evalsnap-ids"}, json.dumps(units)))
     with pytest.raises(FileNotFoundError):  # no unit index entry names these units
@@ -88,12 +88,12 @@ def test_a_well_formed_entry_the_indexes_do_not_back_is_absent(results) -> None:
     ([{"__class__": "os.system"}], "not an outcome"),
 ])
 def test_only_complete_results_under_their_own_key_are_cacheable(value, why) -> None:
-    key = reuse.score_key("m", ["sha256:u1"])
+    key = reuse.score_key("m", [("c", 0, "sha256:u1")])
     assert not reuse.cacheable(key, value), why
 
 
 def test_write_path_keeps_nothing_that_is_not_cacheable(results) -> None:
-    key = reuse.score_key("m", ["sha256:u1"])
+    key = reuse.score_key("m", [("c", 0, "sha256:u1")])
     content = _record({"type": "evalsnap-ids"}, json.dumps([_unit("sha256:u1", complete=False)]))
     results.write_path(key, content)
     assert repo.open_store(results.store_url).get_task_result(key) is None
@@ -133,3 +133,15 @@ def test_no_key_with_force_or_for_an_untrusted_metric_and_no_read_without_reuse(
     assert reuse.inference_cache_key(None, {"request": batch}) == reuse.inference_key(
         ["sha256:f"])
     assert reuse.refresh_cache(batch) is True
+
+
+def test_alike_answers_of_another_repetition_are_another_key() -> None:
+    """A unit fingerprint is content: two ``--until-stable`` rounds whose answers are alike
+    have the same fingerprints. The key names the case and repetition too, so a round never
+    gets an earlier round's outcomes (which name that round's repetitions) from the cache."""
+    round_one = {**_unit("sha256:u1"), "repetition": 5}
+    key_one = reuse.score_key("m", [("c", 5, "sha256:u1")])
+    key_two = reuse.score_key("m", [("c", 10, "sha256:u1")])
+    assert key_one != key_two
+    assert reuse.cacheable(key_one, [round_one])
+    assert not reuse.cacheable(key_two, [round_one])

@@ -142,8 +142,9 @@ class Plan:
         self.context.progress.expect("scoring", len(snapshot.cases) * len(snapshot.rules))
         return [ScoreRequest(
             store_url=self.store_url, snapshot_oid=snapshot_oid, metric_name=rule.metric_name,
-            units_digest=reuse.units_digest([unit_fingerprint(c.case_fingerprint,
-                                                              rule.rule_fingerprint)
+            units_digest=reuse.units_digest([(c.eval_id, c.repetition,
+                                              unit_fingerprint(c.case_fingerprint,
+                                                               rule.rule_fingerprint))
                                              for c in snapshot.cases]),
             trusted=rule.evaluator.trusted, judge=rule.judge, config_json=self.config_json,
             config_where=self.config.where, sys_paths=self.sys_paths,

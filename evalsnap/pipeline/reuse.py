@@ -26,6 +26,7 @@ Nothing here imports code named in the store: records are parsed as data.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from typing import Any
 
@@ -151,17 +152,21 @@ def inference_key(fingerprints: list[str]) -> str:
     return f"infer-{_digest(fingerprints)}"
 
 
-def score_key(metric_name: str, unit_fingerprints: list[str]) -> str:
-    return _score_key(metric_name, units_digest(unit_fingerprints))
+def score_key(metric_name: str, units: list[tuple[str, int, str]]) -> str:
+    """The cache key of a metric's scoring task: its units' (eval id, repetition, unit
+    fingerprint), in order. The case and repetition are part of it: a fingerprint is the
+    unit's *content*, and two repetitions (two ``--until-stable`` rounds) whose answers are
+    alike have the same fingerprints, while their outcomes name different repetitions."""
+    return _score_key(metric_name, units_digest(units))
 
 
 def _score_key(metric_name: str, digest: str) -> str:
     return f"score-{_digest([metric_name, digest])}"
 
 
-def units_digest(unit_fingerprints: list[str]) -> str:
+def units_digest(units: list[tuple[str, int, str]]) -> str:
     """What a score request carries instead of its unit keys (see :func:`score_key`)."""
-    return _digest(unit_fingerprints)
+    return _digest([json.dumps([eval_id, repetition, fp]) for eval_id, repetition, fp in units])
 
 
 def inference_cache_key(context: Any, parameters: dict[str, Any]) -> str | None:
@@ -203,7 +208,8 @@ def _key_of(outcomes: list[InferenceOutcome] | list[UnitOutcome]) -> str | None:
     names = {o.metric_name for o in outcomes}  # type: ignore[union-attr]
     if len(names) != 1:
         return None
-    return score_key(names.pop(), [o.unit_fingerprint for o in outcomes])  # type: ignore[union-attr]
+    return score_key(names.pop(), [(o.eval_id, o.repetition, o.unit_fingerprint)  # type: ignore[union-attr]
+                                   for o in outcomes])
 
 
 def cacheable(key: str, value: Any) -> bool:
