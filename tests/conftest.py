@@ -169,7 +169,9 @@ SLOW_MODULES = frozenset({
 #: the run does not end with one worker busy on a long module while the other idles.
 LONGEST_FIRST = (
     "test_remote_stores", "test_prefect_deployments", "test_gc", "test_adk_project_conventions",
-    "test_bench", "test_store_requests", "test_signals", "test_reuse", "test_store_faults",
+    "test_bench", "test_store_requests", "test_signals",
+    # placed by its own time (about 90 s alone), not yet measured on a full run
+    "test_reuse_rules_s3", "test_reuse", "test_store_faults",
     "test_hostile_code", "test_agent_identity", "test_dask", "test_deadlines",
     "test_cli_process", "test_signals_after_result", "test_kill_resume", "test_faults3_gc",
     "test_site", "test_import_hygiene", "test_reports", "test_agent_identity_hostile",

@@ -12,7 +12,11 @@ unit names the earlier run that wrote it. After every scenario ``evalsnap verify
 
 Only the public path is used: the CLI (in the test process, :mod:`tests._cli`; a scenario
 that needs code importable puts its directory on ``sys.path``), and the store read through
-``evalsnap.records`` and files on disk. Nothing imports the pipeline, tasks or flows.
+``evalsnap.records`` and its files. Nothing imports the pipeline, tasks or flows.
+
+The store's files are reached through :class:`StoreFiles` (fsspec, by store-relative path),
+so the same table runs on local disk (this module) and in a moto S3 bucket
+(``tests/test_reuse_rules_s3.py``, which imports the table and :func:`play`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pytest
+from fsspec.spec import AbstractFileSystem
 
 from evalsnap.records import EvaluationRecord, ScoreUnit, repo
 from tests._cli import run_inproc
@@ -48,11 +54,76 @@ METRICS = (RMS, JUDGE, STATE, CUSTOM)
 Key = tuple[str, str]  # (eval_id, metric)
 
 
+# ---- the store's files, on local disk or in a bucket -------------------------------------------
+
+@dataclass(frozen=True)
+class StoreFiles:
+    """A store (``url``, what ``--store`` and ``repo.open_store`` take) and its files by
+    store-relative path (``v1/objects/<kind>/<hex[:2]>/<hex[2:]>``, ``v1/refs/runs/<run>``,
+    ``v1/prefect/<key>``), read and written through an fsspec filesystem: the same calls on
+    local disk and in a bucket."""
+
+    url: str
+    fs: AbstractFileSystem = field(repr=False)
+    root: str
+    """The store's root as ``fs`` names it (a directory, or ``BUCKET/PREFIX``)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """What a CLI call against this store needs in its environment (a bucket's endpoint)."""
+
+    @classmethod
+    def local(cls, path: Path) -> StoreFiles:
+        fs = fsspec.filesystem("file")
+        return cls(str(path), fs, fs._strip_protocol(str(path)))
+
+    def at(self, rel: str) -> str:
+        return f"{self.root}/{rel}"
+
+    def read(self, rel: str) -> bytes:
+        data: bytes = self.fs.cat_file(self.at(rel))
+        return data
+
+    def write(self, rel: str, data: bytes) -> None:
+        self.fs.pipe_file(self.at(rel), data)
+
+    def delete(self, rel: str) -> None:
+        self.fs.rm_file(self.at(rel))
+
+    def is_file(self, rel: str) -> bool:
+        return bool(self.fs.isfile(self.at(rel)))
+
+    def files(self, rel: str) -> list[str]:
+        """Every file under ``rel`` (store-relative, sorted); none if there is no ``rel``."""
+        return sorted(self._rel(p) for p in self.fs.find(self.at(rel)))
+
+    def names(self, rel: str) -> list[str]:
+        """The names of the files directly in ``rel`` (sorted)."""
+        return sorted(self._rel(e["name"]).rsplit("/", 1)[-1]
+                      for e in self.fs.ls(self.at(rel), detail=True) if e["type"] == "file")
+
+    def copy_into(self, dest: StoreFiles) -> None:
+        """Every file of this store copied to the same place in ``dest`` (same filesystem):
+        in a bucket, one server-side copy per object. The paths are listed once and given
+        to ``copy`` as lists (``copy(root, ..., recursive=True)`` expands them again, path
+        by path: 3 s instead of 1 s for the prepared store's 107 objects on moto)."""
+        sources = self.fs.find(self.root)
+        assert sources, f"expected files to copy under {self.root}"
+        self.fs.copy(sources, [dest.at(self._rel(p)) for p in sources])
+
+    def open(self) -> Any:
+        """A new :class:`storage.Store` on the store, as a reader of it opens one."""
+        return repo.open_store(self.url)
+
+    def _rel(self, path: str) -> str:
+        path = self.fs._strip_protocol(path)
+        assert path.startswith(self.root + "/"), f"expected {path} under {self.root}"
+        return path[len(self.root) + 1:]
+
+
 # ---- helpers ----------------------------------------------------------------------------------
 
-def run_args(agent: Path, store: Path, *flags: str, cases: tuple[str, ...] = CASES,
+def run_args(agent: Path, store: StoreFiles, *flags: str, cases: tuple[str, ...] = CASES,
              metrics: tuple[str, ...] = METRICS) -> list[str]:
-    args = ["run", str(agent), str(agent / "shop.evalset.json"), "--store", str(store),
+    args = ["run", str(agent), str(agent / "shop.evalset.json"), "--store", store.url,
             "--json", *flags]
     for c in cases:
         args += ["--case", c]
@@ -61,20 +132,19 @@ def run_args(agent: Path, store: Path, *flags: str, cases: tuple[str, ...] = CAS
     return args
 
 
-def object_path(store: Path, kind: str, oid: str) -> Path:
+def object_key(kind: str, oid: str) -> str:
+    """Where object ``oid`` of ``kind`` lives in a store (layout v1), store-relative."""
     hexd = oid.removeprefix("sha256:")
-    return store / "v1" / "objects" / kind / hexd[:2] / hexd[2:]
+    return f"v1/objects/{kind}/{hexd[:2]}/{hexd[2:]}"
 
 
-def manifests(store: Path) -> dict[str, dict[str, Any]]:
-    runs = store / "v1" / "refs" / "runs"
-    return {p.name: json.loads(p.read_text("utf-8")) for p in sorted(runs.iterdir())
-            if p.is_file()}
+def manifests(store: StoreFiles) -> dict[str, dict[str, Any]]:
+    runs = "v1/refs/runs"
+    return {name: json.loads(store.read(f"{runs}/{name}")) for name in store.names(runs)}
 
 
-def prefect_files(store: Path) -> list[Path]:
-    root = store / "v1" / "prefect"
-    return sorted(p for p in root.rglob("*") if p.is_file()) if root.exists() else []
+def prefect_files(store: StoreFiles) -> list[str]:
+    return store.files("v1/prefect")
 
 
 def units_of(result: dict[str, Any]) -> dict[Key, dict[str, Any]]:
@@ -88,12 +158,12 @@ def edit_config(agent: Path, change: Callable[[dict[str, Any]], None]) -> None:
     path.write_text(json.dumps(config, indent=2), "utf-8")
 
 
-def stored_record(store: Path, run_id: str) -> tuple[str, EvaluationRecord]:
-    return repo.resolve_record(repo.open_store(str(store)), run_id)
+def stored_record(store: StoreFiles, run_id: str) -> tuple[str, EvaluationRecord]:
+    return repo.resolve_record(store.open(), run_id)
 
 
-def stored_unit(store: Path, oid: str) -> ScoreUnit:
-    return repo.get(repo.open_store(str(store)), ScoreUnit, oid)
+def stored_unit(store: StoreFiles, oid: str) -> ScoreUnit:
+    return repo.get(store.open(), ScoreUnit, oid)
 
 
 # ---- the prepared store -----------------------------------------------------------------------
@@ -101,30 +171,36 @@ def stored_unit(store: Path, oid: str) -> ScoreUnit:
 @dataclass
 class Base:
     agent: Path
-    store: Path
+    store: StoreFiles
     first: dict[str, Any]
     first_code: int
     reuse: dict[str, Any]
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory: pytest.TempPathFactory) -> Base:
-    root = tmp_path_factory.mktemp("reuse_rules")
+def prepare(root: Path, store: StoreFiles) -> Base:
+    """The prepared store (``run``, then ``run --reuse``) in ``store``; its agent dir under
+    ``root``."""
     agent = copy_shop(root / "agents" / "shop_agent")
-    store = root / "store"
-    first = run_inproc(*run_args(agent, store))
+    env = store.env
+    first = run_inproc(*run_args(agent, store), env=env)
     assert first.code in (0, 1), f"expected the base run to finish (exit 0/1), got {first.code}: " \
                                  f"{first.stderr[-3000:]}"
-    again = run_inproc(*run_args(agent, store, "--reuse"))
+    again = run_inproc(*run_args(agent, store, "--reuse"), env=env)
     assert again.code == first.code, f"expected the base --reuse run to exit {first.code}, got " \
                                      f"{again.code}: {again.stderr[-3000:]}"
     assert again.json["scored_units"] == 0 and again.json["agent_calls"] == 0, \
         f"expected the base --reuse run to reuse everything: {again.stdout[-2000:]}"
     # whatever its layout, Prefect's task cache now holds results for the planted scenarios
     assert prefect_files(store), "expected Prefect result storage files under v1/prefect/"
-    verify = run_inproc("verify", "--store", str(store), "--json")
+    verify = run_inproc("verify", "--store", store.url, "--json", env=env)
     assert verify.code == 0, f"expected the prepared store to verify clean: {verify.stdout}"
     return Base(agent, store, first.json, first.code, again.json)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Base:
+    root = tmp_path_factory.mktemp("reuse_rules")
+    return prepare(root, StoreFiles.local(root / "store"))
 
 
 @dataclass
@@ -133,7 +209,7 @@ class World:
 
     base: Base
     agent: Path
-    store: Path
+    store: StoreFiles
     tmp: Path
     env: dict[str, str] = field(default_factory=dict)
     syspath: list[str] = field(default_factory=list)
@@ -191,23 +267,25 @@ DAMAGED_INFERENCE = "greeting_then_weather"
 def damage_units(w: World) -> None:
     w.start_damage()
     damaged, deleted = w.base_unit_oid(DAMAGED_UNIT), w.base_unit_oid(DELETED_UNIT)
-    path = object_path(w.store, "unit", damaged)
-    assert path.is_file(), f"expected the unit object of {DAMAGED_UNIT} at {path}"
-    path.write_bytes(b'{"not": "the unit that hashes to its name"}')
-    gone = object_path(w.store, "unit", deleted)
-    assert gone.is_file(), f"expected the unit object of {DELETED_UNIT} at {gone}"
-    gone.unlink()
+    key = object_key("unit", damaged)
+    assert w.store.is_file(key), f"expected the unit object of {DAMAGED_UNIT} at {w.store.at(key)}"
+    w.store.write(key, b'{"not": "the unit that hashes to its name"}')
+    gone = object_key("unit", deleted)
+    assert w.store.is_file(gone), \
+        f"expected the unit object of {DELETED_UNIT} at {w.store.at(gone)}"
+    w.store.delete(gone)
     w.damaged = {damaged: "unit", deleted: "unit"}
 
 
 def damage_inference(w: World) -> None:
     w.start_damage()
     oid = w.base_inference_oid(DAMAGED_INFERENCE)
-    path = object_path(w.store, "inference", oid)
-    assert path.is_file(), f"expected the inference object of {DAMAGED_INFERENCE} at {path}"
-    original = path.read_bytes()
-    path.write_bytes(original.replace(b"Berlin", b"Bxrlin"))
-    assert path.read_bytes() != original, "expected the inference bytes to be damaged"
+    key = object_key("inference", oid)
+    assert w.store.is_file(key), \
+        f"expected the inference object of {DAMAGED_INFERENCE} at {w.store.at(key)}"
+    original = w.store.read(key)
+    w.store.write(key, original.replace(b"Berlin", b"Bxrlin"))
+    assert w.store.read(key) != original, "expected the inference bytes to be damaged"
     w.damaged = {oid: "inference"}
 
 
@@ -262,11 +340,13 @@ def _assert_live(data: bytes, probe: Path) -> None:
 def _replace_prefect_files(w: World, build: Callable[[dict[str, Any]], bytes]) -> None:
     files = prefect_files(w.store)
     assert files, "expected Prefect result files under v1/prefect/ to replace"
-    for path in files:
-        real = json.loads(path.read_text("utf-8"))
+    for rel in files:
+        real = json.loads(w.store.read(rel))
         assert set(real) == {"metadata", "result"} and "serializer" in real["metadata"], \
-            f"expected Prefect's result record shape {{metadata, result}} in {path}: {real}"
-        path.write_bytes(build(real["metadata"]))
+            f"expected Prefect's result record shape {{metadata, result}} in {rel}: {real}"
+        planted = build(real["metadata"])
+        w.store.write(rel, planted)
+        assert w.store.read(rel) == planted, f"expected the planted record in place at {rel}"
     w.notes["planted"] = len(files)
 
 
@@ -387,7 +467,7 @@ def _sound(w: World, oid: str, kind: str) -> bool:
     from evalsnap.reports.verify import RECORD_TYPES
 
     try:
-        repo.get(repo.open_store(str(w.store)), RECORD_TYPES[kind], oid)
+        repo.get(w.store.open(), RECORD_TYPES[kind], oid)
     except Exception:  # noqa: BLE001 - any failure to read it is "not sound"
         return False
     return True
@@ -407,7 +487,7 @@ def _assert_new_manifests_name_no_damaged_object(w: World) -> None:
             f"expected run {run_id} (written after the damage) to name no damaged or deleted " \
             f"object, but it names {sorted(still)}"
         for entry in m["objects"]:
-            assert object_path(w.store, entry["kind"], entry["oid"]).is_file(), \
+            assert w.store.is_file(object_key(entry["kind"], entry["oid"])), \
                 f"expected {entry['kind']} object {entry['oid']} named by run {run_id} to exist"
 
 
@@ -486,8 +566,8 @@ SCENARIOS = [
 @pytest.fixture
 def world(prepared: Base, shop_copy: Path, tmp_path: Path) -> World:
     store = tmp_path / "store"
-    shutil.copytree(prepared.store, store)
-    return World(prepared, shop_copy, store, tmp_path)
+    shutil.copytree(prepared.store.root, store)
+    return World(prepared, shop_copy, StoreFiles.local(store), tmp_path)
 
 
 def check_run(w: World, s: Scenario, r: CliResult, label: str) -> None:
@@ -527,7 +607,7 @@ def check_run(w: World, s: Scenario, r: CliResult, label: str) -> None:
         if want[k]:
             assert ref.reused and ref.reused_from_run and ref.reused_from_run != out["run_id"], \
                 f"{label}: expected {k} reused from an earlier run, got {ref}"
-            listed = {e.oid for e in repo.read_manifest(repo.open_store(str(w.store)),
+            listed = {e.oid for e in repo.read_manifest(w.store.open(),
                                                         ref.reused_from_run).objects}
             assert ref.unit_oid in listed and unit.complete, \
                 f"{label}: expected {k}'s unit published by run {ref.reused_from_run} and " \
@@ -548,7 +628,7 @@ def check_verify(w: World, s: Scenario) -> None:
     one of those objects, any manifest finding is about a run from before the damage, and no
     manifest written after the damage names them (checked in the scenario's extra check).
     """
-    r = run_inproc("verify", "--store", str(w.store), "--json")
+    r = run_inproc("verify", "--store", w.store.url, "--json", env=w.env)
     report = r.json
     if not s.damage:
         assert r.code == 0 and report["ok"], \
@@ -574,9 +654,8 @@ def check_verify(w: World, s: Scenario) -> None:
     _assert_new_manifests_name_no_damaged_object(w)
 
 
-@pytest.mark.parametrize("s", SCENARIOS, ids=[s.name for s in SCENARIOS])
-def test_reuse_rule(world: World, s: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
-    w = world
+def play(w: World, s: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scenario ``s`` in the private store of ``w``: setup, the runs, every check."""
     s.setup(w)
     for directory in w.syspath:
         monkeypatch.syspath_prepend(directory)
@@ -597,3 +676,8 @@ def test_reuse_rule(world: World, s: Scenario, monkeypatch: pytest.MonkeyPatch) 
         check_run(w, s, r, f"{s.name}: checked run {i + 1} of {s.checked} ({' '.join(s.flags)})")
     s.extra(w, runs)
     check_verify(w, s)
+
+
+@pytest.mark.parametrize("s", SCENARIOS, ids=[s.name for s in SCENARIOS])
+def test_reuse_rule(world: World, s: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    play(world, s, monkeypatch)
