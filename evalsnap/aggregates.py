@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import functools
 import statistics
+from collections.abc import Iterable, Mapping
 from math import comb
-from collections.abc import Iterable
 from typing import Any
 
 from evalsnap.gates import check_gate, rate_of
@@ -125,7 +125,7 @@ def aggregate(eval_id: str, metric: str, reps: dict[int, Any], repetitions: list
     }
 
 
-def aggregates(record: Any, units: dict[str, Any], gate: str | None = None) -> list[dict[str, Any]]:
+def aggregates(record: Any, units: Mapping[str, Any], gate: str | None = None) -> list[dict[str, Any]]:
     """Every case × metric of ``record`` (informational metrics left out), in the record's
     order; ``gate`` defaults to the one the record was run with."""
     gate = gate or record_gate(record)

@@ -361,6 +361,11 @@ class Store:
         if self.remember(kind, oid, data):
             self._learn(object_rel(validate_kind(kind), oid))
 
+    def let_go(self, kind: str, oid: str) -> None:
+        """Drop the bytes of ``oid`` from the read cache (it stays known to be in the store):
+        for an object read once for what it holds, as a pack whose members are kept."""
+        self._cache.drop(object_rel(validate_kind(kind), oid))
+
     def remembered(self, kind: str, oid: str) -> bytes | None:
         """What :meth:`remember` kept for ``oid`` (or a verified read), unproved."""
         return self._cache.get(object_rel(validate_kind(kind), oid))

@@ -188,3 +188,47 @@ def test_reuse_after_damaged_snapshot_record_manifest_recomputes_or_fails_clearl
     assert all(u.reused_from_record not in damaged for u in record.units)
     report = verify_store(s)
     assert not [f for f in report.findings if f.run_id == out["run_id"]]
+
+
+def test_a_units_verdict_is_read_and_checked_as_the_unit_is(base: dict[str, Any]) -> None:
+    """What summaries and pages hold of a unit (its verdict) is the stored unit's verdict, and
+    a damaged unit gives the same typed error as reading the unit itself."""
+    from evalsnap.errors import EvalsnapError
+
+    store = _copy(base, "verdict")
+    oid = base["targets"]["judge_unit"]
+    unit = repo.get(Store(str(store)), ScoreUnit, oid)
+    verdict = repo.get_unit_verdict(Store(str(store)), oid)
+    assert (verdict.score, verdict.status, verdict.metric_status, verdict.gate_score,
+            verdict.threshold, verdict.complete, verdict.reason, verdict.judge_calls,
+            verdict.trace) == (unit.score, unit.status, unit.metric_status, unit.gate_score,
+                               unit.threshold, unit.complete, unit.reason, unit.judge_calls,
+                               unit.trace)
+    assert [(r.score, r.status) for r in verdict.rows] == [(r.score, r.status) for r in unit.rows]
+    assert verdict.rows, "expected the judge unit to have invocation rows"
+    flip_byte(_path_of(store, base, "judge_unit"))
+    with pytest.raises(EvalsnapError) as direct:
+        repo.get(Store(str(store)), ScoreUnit, oid)
+    with pytest.raises(EvalsnapError) as viewed:
+        repo.get_unit_verdict(Store(str(store)), oid)
+    assert type(viewed.value) is type(direct.value) and oid in str(viewed.value)
+
+
+def test_long_records_are_written_as_the_same_bytes_an_item_at_a_time(base: dict[str, Any]) -> None:
+    """A record's and a snapshot's bytes, encoded a unit (case) at a time, are exactly those
+    of the whole model as one sorted dict: same objects, same ids, as earlier versions wrote."""
+    import json
+
+    from evalsnap.records import Snapshot, _base
+
+    s = Store(str(base["store"]))
+    record = repo.get(s, EvaluationRecord, base["targets"]["record"])
+    snapshot = repo.get_snapshot(s, record.snapshot_oid)
+    many = record.model_copy(update={"units": record.units * 10})  # beyond the item-wise limit
+    cases = snapshot.model_copy(update={"cases": snapshot.cases * 10})
+    for model in (record, snapshot, many, cases):
+        whole = json.dumps(model.model_dump(mode="json", exclude=set(model.VOLATILE)),
+                           sort_keys=True, ensure_ascii=False, allow_nan=False).encode()
+        assert model.to_bytes() == whole, f"expected the same bytes for {model.KIND}"
+    assert len(many.units) > _base._LONG and len(cases.cases) > _base._LONG
+    assert isinstance(Snapshot.from_bytes(cases.to_bytes()), Snapshot)

@@ -171,3 +171,37 @@ def test_the_summary_artifact_shows_what_the_run_cost_the_store(cold: dict[str, 
     text = summary_markdown(cold["json"], f"s3://{BUCKET}/{cold['prefix']}")
     assert (f"| store requests | {counts['total']} ({counts['list']} list, {counts['head']} head, "
             f"{counts['get']} get, {counts['put']} put, {counts['delete']} delete) |") in text
+
+
+def test_a_metric_scored_in_chunks_packs_every_unit_it_scored(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A metric task scores, writes and packs a chunk of its cases at a time (bounded memory
+    at 10,000 cases): with chunks of 4 of the demo's 13 cases, every unit the run scored is
+    in one of the record's packs (so a rerun reads packs, not objects), and a no-op rerun
+    reuses all of it."""
+    from evalsnap.pipeline import score
+    from evalsnap.records import EvaluationRecord, pack, repo
+    from storage import Store
+
+    monkeypatch.setattr(score, "CHUNK", 4)
+    agent = copy_shop(tmp_path / "shop_agent")
+    store = tmp_path / "store"
+    args = ("run", str(agent), str(agent / "shop.evalset.json"), "--store", str(store), "--json")
+    cold = run_inproc(*args)  # in this process (91 units: no scoring process either)
+    assert cold.code == 3, cold.stderr[-3000:]  # the demo is incomplete by design
+    s = Store(str(store))
+    record = repo.get(s, EvaluationRecord, cold.json["record_id"])
+    units_of = {p: {oid for (kind, oid) in pack.read_pack(s.get_object(pack.KIND, p), where=p)
+                    if kind == "unit"} for p in record.packs}
+    packed_units = set().union(*units_of.values())
+    scored = {u.unit_oid for u in record.units if not u.reused}
+    assert scored and scored <= packed_units, \
+        f"expected every scored unit in a pack; {len(scored - packed_units)} are not"
+    metrics = {u.metric_name for u in record.units}
+    unit_packs = [p for p, units in units_of.items() if units]
+    assert len(unit_packs) >= 3 * len(metrics), \
+        f"expected a pack per chunk of 4 cases (13 cases: 4 per metric), got {len(unit_packs)} " \
+        f"for {len(metrics)} metrics"
+    warm = run_inproc(*args, "--reuse")
+    assert (warm.json["agent_calls"], warm.json["judge_calls"]) == (0, 0)
+    assert _verdicts(warm.json) == _verdicts(cold.json)

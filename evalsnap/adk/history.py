@@ -13,7 +13,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,17 +48,29 @@ HISTORY_SUFFIX = ".evalset_result.json"
 
 def eval_set_result_json(store: Any, record: EvaluationRecord) -> tuple[str, bytes]:
     """(result name, the JSON of ADK's ``EvalSetResult`` for a record: the first repetition
-    of each case), built one case at a time.
+    of each case), built one case at a time (:func:`eval_set_result_parts`)."""
+    name, parts = eval_set_result_parts(store, record)
+    return name, b"".join(parts)
 
-    Only one case's ADK models exist at once (with its whole conversation, twice): the
-    full model of a 3,000-case run took hundreds of MB.
+
+def eval_set_result_parts(store: Any, record: EvaluationRecord) -> tuple[str, Iterator[bytes]]:
+    """(result name, the JSON of ADK's ``EvalSetResult`` for a record as consecutive parts).
+
+    Only one case's ADK models and JSON exist at once (with its whole conversation, twice):
+    the whole file of a 10,000-case run is 136 MB, and as one string, then bytes, it took
+    three times that while the run published.
     """
     head = create_eval_set_result(record.app_name, record.eval_set_id, [])
     fields = head.model_dump(mode="json")
     fields.pop("eval_case_results")
-    cases = ",".join(case.model_dump_json() for case in iter_eval_case_results(store, record))
-    body = json.dumps(fields, ensure_ascii=False)[:-1] + f', "eval_case_results": [{cases}]}}'
-    return head.eval_set_result_name or head.eval_set_result_id, body.encode()
+
+    def parts() -> Iterator[bytes]:
+        yield (json.dumps(fields, ensure_ascii=False)[:-1] + ', "eval_case_results": [').encode()
+        for i, case in enumerate(iter_eval_case_results(store, record)):
+            yield (b"," if i else b"") + case.model_dump_json().encode()
+        yield b"]}"
+
+    return head.eval_set_result_name or head.eval_set_result_id, parts()
 
 
 def iter_eval_case_results(store: Any, record: EvaluationRecord) -> Iterator[EvalCaseResult]:
@@ -106,7 +118,7 @@ def iter_eval_case_results(store: Any, record: EvaluationRecord) -> Iterator[Eva
             else "test_user_id")
 
 
-def _write_local(directory: Path, name: str, data: bytes) -> str:
+def _write_local(directory: Path, name: str, parts: Iterable[bytes]) -> str:
     """One file, written whole (temporary file, then rename); a failure leaves nothing."""
     directory.mkdir(parents=True, exist_ok=True)
     # an eval set id may hold anything JSON allows; a file name may not (NUL, "/")
@@ -114,7 +126,8 @@ def _write_local(directory: Path, name: str, data: bytes) -> str:
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=HISTORY_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            for part in parts:
+                fh.write(part)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, final)
@@ -132,9 +145,10 @@ def history_writer(store: Any, agent_dir: str | None) -> Callable[[EvaluationRec
     else under the store's ``adk_history/<app>/`` prefix."""
 
     def write(record: EvaluationRecord) -> str:
-        name, data = eval_set_result_json(store, record)
+        name, parts = eval_set_result_parts(store, record)
         if agent_dir and "://" not in store.url:
-            return _write_local(Path(agent_dir) / ".adk" / "eval_history", name, data)
+            return _write_local(Path(agent_dir) / ".adk" / "eval_history", name, parts)
+        data = b"".join(parts)
         ns = f"adk_history/{repo.ref_name(record.app_name)}"
         safe = repo.ref_name(name.replace(" ", "_"))
         ref = safe + ".evalset_result.json" if len(safe) < 150 else safe

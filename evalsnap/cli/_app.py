@@ -149,8 +149,8 @@ def crash_message(exc: BaseException, published: list[Any] | None = None) -> Non
 
 def _emit(result: Summary, as_json: bool) -> None:
     if as_json:
-        sys.stdout.write(json.dumps(result.model_dump(mode="json"), sort_keys=False,
-                                    default=str) + "\n")
+        # straight from the model: no dict of the whole run (70,000 units: 400 MB) on the way
+        sys.stdout.write(result.model_dump_json() + "\n")
         sys.stdout.flush()
     else:
         from evalsnap.reports.suite import parts

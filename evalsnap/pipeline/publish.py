@@ -87,8 +87,8 @@ def explain_change(outcome: UnitOutcome, snapshot: Snapshot, parent_units: dict[
             return "new"
         return "rule changed"
     if before.case_fingerprint != outcome.case_fingerprint:
-        before, now = cases or (_Cases(parent_snapshot), _Cases(snapshot))
-        old = before.by_key.get((outcome.eval_id, outcome.repetition))
+        then, now = cases or (_Cases(parent_snapshot), _Cases(snapshot))
+        old = then.by_key.get((outcome.eval_id, outcome.repetition))
         new = now.by_key.get((outcome.eval_id, outcome.repetition))
         if old is not None and new is not None and old.reference != new.reference:
             return "reference changed"
@@ -327,26 +327,37 @@ def _gated(store: Store, record: EvaluationRecord) -> EvaluationRecord:
     stored flag is what ``history``, ``diff`` and the run events read."""
     from evalsnap.aggregates import aggregates, gate_passed
 
-    units = {ref.unit_oid: repo.get_unit_shared(store, ref.unit_oid) for ref in record.units}
+    units = {ref.unit_oid: repo.get_unit_verdict(store, ref.unit_oid) for ref in record.units}
     passed = gate_passed(aggregates(record, units))
     return record.model_copy(update={"summary": record.summary.model_copy(
         update={"passed": passed})})
 
 
+#: Packs read at once by :func:`_own_packs` (concurrent reads on a bucket; the batch's bytes
+#: are what it holds at a time).
+PACK_BATCH = 8
+
+
 def _own_packs(store: Store, units: list[UnitOutcome], run_id: str) -> list[str]:
     """The packs the units name, in first-seen order; the packs this run's scoring tasks
-    wrote (perhaps in a scoring process) are read now, so that what publish, the report and
-    the ADK history copy read of those units comes from a few packs, not object by object."""
+    wrote (perhaps in a scoring process) are read now, a batch at a time, so that what
+    publish, the report and the ADK history copy read of those units comes from a few packs,
+    not object by object: each unit's verdict is kept (the summary's), and the members'
+    bytes go to the read cache (as many as it holds), not the packs' own."""
     names = list(dict.fromkeys(p for o in units for p in o.packs))
     own = list(dict.fromkeys(p for o in units if o.run_id == run_id for p in o.packs))
-    for pack_oid, got in store.get_objects(pack.KIND, own).items():
-        try:
-            members = pack.read_pack(got, where=pack_oid) if isinstance(got, bytes) else {}
-        except EvalsnapError as exc:
-            logger.warning("%s", exc)
-            continue
-        for (kind, oid), data in members.items():
-            store.written_elsewhere(kind, oid, data)
+    for start in range(0, len(own), PACK_BATCH):
+        for pack_oid, got in store.get_objects(pack.KIND, own[start:start + PACK_BATCH]).items():
+            try:
+                members = pack.read_pack(got, where=pack_oid) if isinstance(got, bytes) else {}
+            except EvalsnapError as exc:
+                logger.warning("%s", exc)
+                continue
+            store.let_go(pack.KIND, pack_oid)
+            for (kind, oid), data in members.items():
+                if kind == "unit":
+                    repo.remember_verdict(store, oid, data)
+                store.written_elsewhere(kind, oid, data)
     return names
 
 

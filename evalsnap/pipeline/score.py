@@ -161,25 +161,38 @@ async def score_metric_async(req: ScoreRequest, ctx: RunContext,
 
     wanted = set(req.case_ids) if req.case_ids is not None else None
     cases = [c for c in snapshot.cases if wanted is None or c.eval_id in wanted]
-    writes = repo.WriteBatch(store)
-    outcomes = list(await asyncio.gather(*(one(c) for c in cases)))
-    writes.flush()  # the task's new objects together, then the entries that name them
-    return packed(store, outcomes, req.run_id)
+    outcomes: list[UnitOutcome] = []
+    for start in range(0, len(cases), CHUNK):  # scored, written and packed a chunk at a time
+        writes = repo.WriteBatch(store)
+        chunk = list(await asyncio.gather(*(one(c) for c in cases[start:start + CHUNK])))
+        written = writes.flush()  # the chunk's new objects together, then the entries
+        outcomes += packed(store, chunk, req.run_id, written)
+    return outcomes
 
 
-def packed(store: Store, outcomes: list[UnitOutcome], run_id: str) -> list[UnitOutcome]:
+#: Units of one metric scored, written and packed at a time: what a metric task holds.
+CHUNK = 2000
+
+
+def packed(store: Store, outcomes: list[UnitOutcome], run_id: str,
+           written: dict[str, dict[str, bytes]] | None = None) -> list[UnitOutcome]:
     """Writes this task's new units and their judge entries as packs as well (see
-    :mod:`evalsnap.records.pack`; the bytes are still in memory: nothing is read back) and
-    names the packs in each new unit's outcome."""
+    :mod:`evalsnap.records.pack`; the bytes are still in memory, ``written`` by the task's
+    batch, else in the read cache: nothing is read back) and names the packs in each new
+    unit's outcome."""
+    def bytes_of(kind: str, oid: str) -> bytes | None:
+        found = (written or {}).get(kind, {}).get(oid)
+        return found if found is not None else store.remembered(kind, oid)
+
     members: list[tuple[str, bytes]] = []
     for o in outcomes:
         if o.run_id != run_id:
             continue
-        unit_bytes = store.remembered("unit", o.unit_oid)
+        unit_bytes = bytes_of("unit", o.unit_oid)
         if unit_bytes is None:
             continue
         for entry_oid in ScoreUnit.from_bytes(unit_bytes, where=o.unit_oid).ledger:
-            entry_bytes = store.remembered("judge", entry_oid)
+            entry_bytes = bytes_of("judge", entry_oid)
             if entry_bytes is not None:
                 members.append(("judge", entry_bytes))
         members.append(("unit", unit_bytes))

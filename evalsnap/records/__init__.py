@@ -12,7 +12,7 @@ from evalsnap.records.record import (
     UnitRef,
 )
 from evalsnap.records.snapshot import EvaluatorIdentity, FrozenCase, MetricRule, Snapshot
-from evalsnap.records.unit import ScoreUnit, UnitRow
+from evalsnap.records.unit import ScoreUnit, UnitRow, UnitVerdict
 
 __all__ = [
     "CorruptRecordError",
@@ -27,6 +27,7 @@ __all__ = [
     "RunManifest",
     "RunSummary",
     "ScoreUnit",
+    "UnitVerdict",
     "Snapshot",
     "StoredModel",
     "UnitRef",

@@ -64,6 +64,14 @@ class CaseRepetition(FrozenModel):
     repetition: int = 0
 
 
+#: A list of models longer than this is encoded an item at a time (:meth:`StoredModel.to_bytes`).
+_LONG = 64
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, allow_nan=False)
+
+
 class StoredModel(FrozenModel):
     """A record written to the store. ``schema_version`` comes first in every record (a
     record that moves to version 2 declares ``schema_version: int = 2`` and
@@ -81,11 +89,23 @@ class StoredModel(FrozenModel):
     """Format version of the record."""
 
     def to_bytes(self) -> bytes:
-        """The bytes stored: JSON, keys sorted so equal records give equal objects."""
-        return json.dumps(
-            self.model_dump(mode="json", exclude=set(self.VOLATILE)), sort_keys=True,
-            ensure_ascii=False, allow_nan=False,
-        ).encode()
+        """The bytes stored: JSON, keys sorted so equal records give equal objects.
+
+        A long list of models (a record's units, a snapshot's cases) is encoded an item at a
+        time, to the same bytes: as one dict, a record of 70,000 units took six times its
+        52 MB while it was written."""
+        long = {name for name, value in self if name not in self.VOLATILE
+                and isinstance(value, list) and len(value) > _LONG
+                and all(isinstance(item, BaseModel) for item in value)}
+        head = self.model_dump(mode="json", exclude=set(self.VOLATILE) | long)
+        if not long:
+            return _canonical(head).encode()
+        parts = []
+        for key in sorted([*head, *long]):
+            value = _canonical(head[key]) if key in head else "[" + ", ".join(
+                _canonical(item.model_dump(mode="json")) for item in getattr(self, key)) + "]"
+            parts.append(f"{_canonical(key)}: {value}")
+        return ("{" + ", ".join(parts) + "}").encode()
 
     @classmethod
     def from_bytes(cls, data: bytes, *, where: str = "") -> Self:

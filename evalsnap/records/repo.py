@@ -44,6 +44,7 @@ from evalsnap.records import (
     ScoreUnit,
     Snapshot,
     StoredModel,
+    UnitVerdict,
 )
 from evalsnap.records._base import first_problem, parse_stored
 from storage import CorruptObjectError, ObjectNotFound, Store, TooLarge
@@ -106,7 +107,8 @@ class WriteBatch:
         with self._lock:
             self._refs.setdefault(namespace, {})[name] = data
 
-    def flush(self) -> None:
+    def flush(self) -> dict[str, dict[str, bytes]]:
+        """Writes what the batch holds; returns the objects it wrote (kind → oid → bytes)."""
         with self._lock:
             objects, refs = self._objects, self._refs
             self._objects, self._refs = {}, {}
@@ -114,6 +116,7 @@ class WriteBatch:
             self.store.put_objects(kind, list(items.values()))
         for namespace, entries in refs.items():
             self.store.put_refs(namespace, entries)
+        return objects
 
 
 def get(store: Store, cls: type[M], oid: str) -> M:
@@ -144,6 +147,17 @@ class _Parsed:
                 self._items.popitem(last=False)
         return value
 
+    def put(self, oid: str, value: Any) -> None:
+        with self._lock:
+            self._items[oid] = value
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+    def peek(self, oid: str) -> Any:
+        """The parsed value of ``oid`` if it is here, else None (nothing is read)."""
+        with self._lock:
+            return self._items.get(oid)
+
 
 def _parsed(store: Store, what: str, size: int) -> _Parsed:
     """The store's memo of parsed ``what`` (in its per-run scratch: a new run starts empty)."""
@@ -164,6 +178,28 @@ def get_unit_shared(store: Store, oid: str) -> ScoreUnit:
     ADK history copy): a run's summary, history and artifacts read every unit."""
     return _parsed(store, "units", 4096).get(  # type: ignore[no-any-return]
         oid, lambda: get(store, ScoreUnit, oid))
+
+
+def get_unit_verdict(store: Store, oid: str) -> UnitVerdict:
+    """A unit's verdict (:class:`UnitVerdict`), read and checked as :func:`get` does, once
+    per run: what a run's summary, aggregates and pages hold of each of its units (a tenth
+    of the parsed unit's memory)."""
+    def parse() -> UnitVerdict:
+        shared = _parsed(store, "units", 4096).peek(oid)
+        return UnitVerdict.of(shared if shared is not None else get(store, ScoreUnit, oid))
+
+    return _parsed(store, "unit verdicts", 1 << 20).get(oid, parse)  # type: ignore[no-any-return]
+
+
+def remember_verdict(store: Store, oid: str, data: bytes) -> None:
+    """Keeps the verdict of unit ``oid`` from ``data``, bytes already checked to hash to
+    ``oid`` (a pack member this run wrote): the run's summary then reads nothing for it."""
+    memo = _parsed(store, "unit verdicts", 1 << 20)
+    if memo.peek(oid) is None:
+        try:
+            memo.put(oid, UnitVerdict.of(ScoreUnit.from_bytes(data, where=oid)))
+        except EvalsnapError:  # not a unit after all: read (and judged) as the object, later
+            pass
 
 
 def get_inference(store: Store, oid: str) -> InferenceRecord:

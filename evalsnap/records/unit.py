@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+import sys
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, NamedTuple, cast
 
 from pydantic import Field
 
@@ -60,3 +62,41 @@ class ScoreUnit(StoredModel):
     """The run that scored this unit, while it is in memory: VOLATILE, so never stored (a
     unit read back has ``""``; the unit index and run manifests say which runs name it)."""
     created_at: str = ""
+
+
+class VerdictRow(NamedTuple):
+    """An invocation row's score and status (what the repetition gate pools)."""
+
+    score: float | None
+    status: Status
+
+
+@dataclass(frozen=True, slots=True)
+class UnitVerdict:
+    """What summaries, aggregates and report pages read of a unit: its verdict, without
+    its rubric details, ledger ids or fingerprints. A parsed :class:`ScoreUnit` takes about
+    5 KB; a run of 10,000 cases × 7 metrics held every one of them, several times, while it
+    published (:func:`evalsnap.records.repo.get_unit_verdict` keeps these instead)."""
+
+    score: float | None
+    status: Status
+    metric_status: Status
+    gate_score: float | None
+    threshold: float
+    complete: bool
+    reason: str | None
+    judge_calls: int
+    trace: str
+    rows: tuple[VerdictRow, ...]
+
+    @classmethod
+    def of(cls, unit: ScoreUnit) -> UnitVerdict:
+        return cls(score=unit.score, status=_interned(unit.status),
+                   metric_status=_interned(unit.metric_status), gate_score=unit.gate_score,
+                   threshold=unit.threshold, complete=unit.complete, reason=unit.reason,
+                   judge_calls=unit.judge_calls, trace=sys.intern(unit.trace),
+                   rows=tuple(VerdictRow(r.score, _interned(r.status)) for r in unit.rows))
+
+
+def _interned(status: Status) -> Status:
+    return cast(Status, sys.intern(status))

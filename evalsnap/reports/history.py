@@ -121,7 +121,7 @@ def metric_stats(store: Any, record: EvaluationRecord) -> dict[str, dict[str, An
     not evaluated, pass rate (0-1, None without units) and mean score (None if unscored)."""
     oids = [ref.unit_oid for ref in record.units]
     with ThreadPoolExecutor(max_workers=_READERS) as pool:
-        units = dict(zip(oids, pool.map(lambda o: repo.get_unit_shared(store, o), oids),
+        units = dict(zip(oids, pool.map(lambda o: repo.get_unit_verdict(store, o), oids),
                          strict=True))
     stats: dict[str, dict[str, Any]] = {}
     scores: dict[str, list[float]] = {}
@@ -255,7 +255,7 @@ def flaky_cases(store: Any, eval_set_id: str, last: int = 10) -> list[dict[str, 
         try:
             manifest = repo.read_manifest(store, name)
             record = repo.get(store, EvaluationRecord, manifest.record_oid)
-            units = {r.unit_oid: repo.get_unit_shared(store, r.unit_oid) for r in record.units}
+            units = {r.unit_oid: repo.get_unit_verdict(store, r.unit_oid) for r in record.units}
         except UNREADABLE_MANIFEST as exc:
             logger.warning("skipping run %s: %s", name, exc)
             continue

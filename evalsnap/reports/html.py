@@ -353,7 +353,7 @@ def page_context(store: Any, record_oid: str, record: EvaluationRecord, *,
     except EvalsnapError as exc:
         moved, baseline_oid = {}, f"{baseline_oid} (unreadable: {exc})"
     detailed = _detailed(store, record, moved, detail_cases)
-    full = full_record(store, record_oid, record, detailed=detailed)
+    full = full_record(store, record_oid, record, detailed=detailed, for_page=True)
     # the stored point when there is one (as the trend reads it; it also keeps the link to
     # the flow run that published the record), else computed from the units
     current = current or _saved_point(store, record_oid, record.run_id) \

@@ -16,7 +16,7 @@ from evalsnap.errors import ReplayMismatchError, ReplayUnavailableError
 from evalsnap.pipeline import ledger as _ledger
 from evalsnap.pipeline.unit import score_unit
 from evalsnap.records import MetricRule, ScoreUnit, Snapshot, repo
-from evalsnap.reports.summary import EXIT_INCOMPLETE, EXIT_OK, EXIT_QUALITY, load_units, summary
+from evalsnap.reports.summary import EXIT_INCOMPLETE, EXIT_OK, EXIT_QUALITY, summary
 from evalsnap.reports.summary_model import RecordResult
 from storage import Store
 
@@ -74,7 +74,7 @@ async def replay(store: Store, ref: str, agent_dir: str | None = None) -> Record
     stand_in_for(r.criterion for r in judge_rules)
     registry = resolve_config({"criteria": {r.metric_name: r.criterion for r in judge_rules}},
                               where="<rules of the snapshot>").registry if judge_rules else None
-    units = load_units(store, record)
+    units = {ref.unit_oid: repo.get_unit_shared(store, ref.unit_oid) for ref in record.units}
     replayed: dict[str, ScoreUnit] = {}
     changes: list[dict[str, Any]] = []
     for ref_ in record.units:

@@ -6,8 +6,11 @@ from collections.abc import Container
 from typing import Any
 
 from evalsnap.errors import EvalsnapError
-from evalsnap.records import EvaluationRecord, LedgerEntry, ScoreUnit, repo
+from evalsnap.records import EvaluationRecord, LedgerEntry, ScoreUnit, UnitVerdict, repo
 from evalsnap.reports.summary import baseline_comparison, case_efficiency, gated, run_tokens
+
+_VERDICT_FIELDS = ("threshold", "score", "metric_status", "gate_score", "status", "complete",
+                   "reason", "trace", "judge_calls")
 
 
 def _ledger(store: Any, oids: list[str]) -> list[dict[str, Any]]:
@@ -21,14 +24,15 @@ def _ledger(store: Any, oids: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-def _summary_case(store: Any, inf: Any, refs: Any, units: dict[str, ScoreUnit]) -> dict[str, Any]:
+def _summary_case(store: Any, inf: Any, refs: Any,
+                  units: dict[str, ScoreUnit | UnitVerdict]) -> dict[str, Any]:
     """A case of :func:`full_record` without its details: scores, statuses, the inference's
-    status (the units come from the run's shared parse: nothing else is read)."""
+    status (the units' verdicts, as the run's summary read them: nothing else is read)."""
     metrics = {}
     for ref in refs:
-        unit = units[ref.unit_oid] = repo.get_unit_shared(store, ref.unit_oid)
+        unit = units[ref.unit_oid] = repo.get_unit_verdict(store, ref.unit_oid)
         metrics[ref.metric_name] = {**ref.model_dump(mode="json"),
-                                    **unit.model_dump(mode="json", exclude={"ledger", "rows"}),
+                                    **{f: getattr(unit, f) for f in _VERDICT_FIELDS},
                                     "rows": [], "ledger": []}
     return {"details": False, "eval_id": inf.eval_id, "repetition": inf.repetition,
             "inference": {**inf.model_dump(mode="json"), "invocations": []},
@@ -37,14 +41,18 @@ def _summary_case(store: Any, inf: Any, refs: Any, units: dict[str, ScoreUnit]) 
 
 
 def full_record(store: Any, record_oid: str, record: EvaluationRecord, *,
-                detailed: Container[tuple[str, int]] | None = None) -> dict[str, Any]:
+                detailed: Container[tuple[str, int]] | None = None,
+                for_page: bool = False) -> dict[str, Any]:
     """The record with every link resolved. ``detailed``: the (eval id, repetition) pairs
     whose inference, reference and judge ledger are read and included (default: all); the
     other cases carry their scores and the inference's status only (``"details": False``),
-    so that a page of a large run reads and holds only what it shows."""
+    so that a page of a large run reads and holds only what it shows. ``for_page``: without
+    the record itself (``"record"`` None) and the baseline comparison, which a page gets
+    elsewhere (a copy of each as dicts, for every unit of the run)."""
     snapshot = repo.get_snapshot(store, record.snapshot_oid) if record.snapshot_oid else None
     frozen = {(c.eval_id, c.repetition): c for c in snapshot.cases} if snapshot else {}
-    cases, units = [], {}
+    cases: list[dict[str, Any]] = []
+    units: dict[str, ScoreUnit | UnitVerdict] = {}
     refs_of: dict[tuple[str, int], list[Any]] = {}  # one pass over the units, not one per case
     for ref in record.units:
         refs_of.setdefault((ref.eval_id, ref.repetition), []).append(ref)
@@ -79,9 +87,9 @@ def full_record(store: Any, record_oid: str, record: EvaluationRecord, *,
         })
     entries, passed = gated(record, {**units, **{r.unit_oid: repo.get(store, ScoreUnit, r.unit_oid)
                                                   for r in record.units if r.unit_oid not in units}})
-    return {
+    full = {
         "record_id": record_oid,
-        "record": record.model_dump(mode="json"),
+        "record": None if for_page else record.model_dump(mode="json"),
         "passed": passed,
         "aggregates": entries,
         **run_tokens(record),
@@ -89,4 +97,5 @@ def full_record(store: Any, record_oid: str, record: EvaluationRecord, *,
                      "rules": [r.model_dump(mode="json") for r in snapshot.rules]
                      if snapshot else []},
         "cases": cases,
-    } | baseline_comparison(store, record, cases, entries)
+    }
+    return full if for_page else full | baseline_comparison(store, record, cases, entries)

@@ -4,11 +4,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from evalsnap import exitcodes
 from evalsnap.aggregates import aggregates, gate_passed, record_gate
-from evalsnap.records import EvaluationRecord, InferenceRef, ScoreUnit, UnitRef, repo
+from evalsnap.records import EvaluationRecord, InferenceRef, ScoreUnit, UnitRef, UnitVerdict, repo
 from evalsnap.records.record import TokenCounts
 from evalsnap.reports.summary_model import CaseResult, MetricResult, RecordResult, as_record
 
@@ -26,19 +27,21 @@ def exit_code(record: EvaluationRecord, passed: bool | None = None) -> int:
         passed=record.summary.passed if passed is None else passed))
 
 
-def gated(record: EvaluationRecord, units: dict[str, ScoreUnit]) -> tuple[list[dict[str, Any]], bool]:
+def gated(record: EvaluationRecord, units: Mapping[str, ScoreUnit | UnitVerdict]) -> tuple[list[dict[str, Any]], bool]:
     """The record's aggregates over repetitions and whether the run passed by them: complete,
     and every case × metric passed its repetition gate."""
     entries = aggregates(record, units)
     return entries, record.summary.complete and gate_passed(entries)
 
 
-def load_units(store: Any, record: EvaluationRecord) -> dict[str, ScoreUnit]:
-    return {ref.unit_oid: repo.get_unit_shared(store, ref.unit_oid) for ref in record.units}
+def load_units(store: Any, record: EvaluationRecord) -> dict[str, UnitVerdict]:
+    """The verdicts of the record's units by unit oid (what a summary, its aggregates and a
+    report page read; :func:`evalsnap.records.repo.get_unit_verdict`)."""
+    return {ref.unit_oid: repo.get_unit_verdict(store, ref.unit_oid) for ref in record.units}
 
 
 def summary(store: Any, record_oid: str, record: EvaluationRecord,
-            units: dict[str, ScoreUnit] | None = None, *, compare: bool = True) -> RecordResult:
+            units: Mapping[str, ScoreUnit | UnitVerdict] | None = None, *, compare: bool = True) -> RecordResult:
     """The one result ``run``/``rescore``/``replay`` print as ``--json`` (with ``compare``,
     the regressions and fixes against the record's baseline, if it has one)."""
     units = units if units is not None else load_units(store, record)
@@ -80,7 +83,7 @@ def summary(store: Any, record_oid: str, record: EvaluationRecord,
     return RecordResult(**fields)
 
 
-def metric_result(ref: UnitRef, unit: ScoreUnit) -> MetricResult:
+def metric_result(ref: UnitRef, unit: ScoreUnit | UnitVerdict) -> MetricResult:
     """A unit's row in its record: the stored unit, and how this record came by it."""
     return MetricResult(
         score=unit.score, status=unit.status, metric_status=unit.metric_status,
