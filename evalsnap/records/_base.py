@@ -96,7 +96,8 @@ class StoredModel(FrozenModel):
         52 MB while it was written."""
         long = {name for name, value in self if name not in self.VOLATILE
                 and isinstance(value, list) and len(value) > _LONG
-                and all(isinstance(item, BaseModel) for item in value)}
+                and all(type(item) is type(value[0]) for item in value)
+                and isinstance(value[0], FrozenModel)}  # evalsnap's own, dumped alike alone
         head = self.model_dump(mode="json", exclude=set(self.VOLATILE) | long)
         if not long:
             return _canonical(head).encode()
