@@ -327,7 +327,7 @@ def _gated(store: Store, record: EvaluationRecord) -> EvaluationRecord:
     stored flag is what ``history``, ``diff`` and the run events read."""
     from evalsnap.aggregates import aggregates, gate_passed
 
-    units = {ref.unit_oid: repo.get_unit_verdict(store, ref.unit_oid) for ref in record.units}
+    units = repo.unit_verdicts(store, record)
     passed = gate_passed(aggregates(record, units))
     return record.model_copy(update={"summary": record.summary.model_copy(
         update={"passed": passed})})

@@ -96,6 +96,6 @@ def baseline_rates(store: Any, record_oid: str | None) -> dict[tuple[str, str], 
     from evalsnap.records import EvaluationRecord, repo
 
     record = repo.get(store, EvaluationRecord, record_oid)
-    units = {ref.unit_oid: repo.get_unit_verdict(store, ref.unit_oid) for ref in record.units}
+    units = repo.unit_verdicts(store, record)
     return {(a["eval_id"], a["metric"]): a["pass_rate"] for a in aggregates(record, units)
             if a["pass_rate"] is not None}

@@ -141,10 +141,7 @@ class _Parsed:
                 self._items.move_to_end(oid)
                 return self._items[oid]
         value = parse()
-        with self._lock:
-            self._items[oid] = value
-            while len(self._items) > self._size:
-                self._items.popitem(last=False)
+        self.put(oid, value)
         return value
 
     def put(self, oid: str, value: Any) -> None:
@@ -188,13 +185,22 @@ def get_unit_verdict(store: Store, oid: str) -> UnitVerdict:
         shared = _parsed(store, "units", 4096).peek(oid)
         return UnitVerdict.of(shared if shared is not None else get(store, ScoreUnit, oid))
 
-    return _parsed(store, "unit verdicts", 1 << 20).get(oid, parse)  # type: ignore[no-any-return]
+    return _verdicts(store).get(oid, parse)  # type: ignore[no-any-return]
+
+
+def unit_verdicts(store: Store, record: EvaluationRecord) -> dict[str, UnitVerdict]:
+    """The verdicts of a record's units by unit oid (:func:`get_unit_verdict`)."""
+    return {ref.unit_oid: get_unit_verdict(store, ref.unit_oid) for ref in record.units}
+
+
+def _verdicts(store: Store) -> _Parsed:
+    return _parsed(store, "unit verdicts", 1 << 20)
 
 
 def remember_verdict(store: Store, oid: str, data: bytes) -> None:
     """Keeps the verdict of unit ``oid`` from ``data``, bytes already checked to hash to
     ``oid`` (a pack member this run wrote): the run's summary then reads nothing for it."""
-    memo = _parsed(store, "unit verdicts", 1 << 20)
+    memo = _verdicts(store)
     if memo.peek(oid) is None:
         try:
             memo.put(oid, UnitVerdict.of(ScoreUnit.from_bytes(data, where=oid)))

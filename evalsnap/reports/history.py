@@ -255,7 +255,7 @@ def flaky_cases(store: Any, eval_set_id: str, last: int = 10) -> list[dict[str, 
         try:
             manifest = repo.read_manifest(store, name)
             record = repo.get(store, EvaluationRecord, manifest.record_oid)
-            units = {r.unit_oid: repo.get_unit_verdict(store, r.unit_oid) for r in record.units}
+            units = repo.unit_verdicts(store, record)
         except UNREADABLE_MANIFEST as exc:
             logger.warning("skipping run %s: %s", name, exc)
             continue

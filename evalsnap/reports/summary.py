@@ -37,7 +37,7 @@ def gated(record: EvaluationRecord, units: Mapping[str, ScoreUnit | UnitVerdict]
 def load_units(store: Any, record: EvaluationRecord) -> dict[str, UnitVerdict]:
     """The verdicts of the record's units by unit oid (what a summary, its aggregates and a
     report page read; :func:`evalsnap.records.repo.get_unit_verdict`)."""
-    return {ref.unit_oid: repo.get_unit_verdict(store, ref.unit_oid) for ref in record.units}
+    return repo.unit_verdicts(store, record)
 
 
 def summary(store: Any, record_oid: str, record: EvaluationRecord,
