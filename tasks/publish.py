@@ -40,13 +40,14 @@ def publish_task(request: PublishRequest) -> RecordResult:
         # a link a browser opens (artifacts, events, --json): public, signed or local
         "report_url": url,
         "report_url_expires": None if expires is None else (
-            dt.datetime.now(dt.UTC) + dt.timedelta(seconds=expires)).isoformat(timespec="seconds"),
-        # what a bucket bills this run for, by kind (this process's requests: the flow's)
-        "store_requests": store.requests.snapshot()})
+            dt.datetime.now(dt.UTC) + dt.timedelta(seconds=expires)).isoformat(timespec="seconds")})
     try:  # the site's pages this run changes (v1/site/); `evalsnap site` rebuilds them all
         refresh_site(store, record_oid, record, result, context=page)
     except Exception as exc:  # noqa: BLE001 - a view of the record must not lose the run
         logger.warning("could not refresh the store's site (v1/site/) for record %s: %s; "
                        "`evalsnap site --store-site` writes it again", record_oid, exc)
+    # what a bucket bills this run for, by kind (this process's requests: the flow's), its
+    # report and site included
+    result = result.model_copy(update={"store_requests": store.requests.snapshot()})
     publish_artifacts(result, request.store_url)
     return result

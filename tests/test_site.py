@@ -93,7 +93,7 @@ def test_publish_writes_the_site_as_html_objects(bucket: dict[str, Any]) -> None
         Bucket=BUCKET, Prefix=f"{PREFIX}/v1/site/runs/{page_name(run_id)}/")
         for o in page.get("Contents", [])]
     written = [k for k in keys if k.endswith(".html")]
-    assert len(written) == 1 + len(SUBSET), keys  # its page and one per case
+    assert len(written) == 2, keys  # its page and one page of its (two) cases' details
     for key in [f"{PREFIX}/v1/site/index.html", f"{PREFIX}/v1/site/sets/shop/index.html",
                 f"{PREFIX}/v1/site/sets/shop/cases.html", *keys]:
         head = client.head_object(Bucket=BUCKET, Key=key)
@@ -147,12 +147,20 @@ def test_browser_follows_the_links_to_the_numbers(bucket: dict[str, Any], tmp_pa
     shown_case = next(c for c in shows[subset["run_id"]]["cases"] if c["eval_id"] == case)
     ledger = {e["oid"] for m in shown_case["metrics"].values() for e in m["ledger"]}
     assert ledger, "expected the judge metrics of the case to have ledger entries"
-    assert set(re.findall(r'data-ledger="([^"]+)"', case_dom)) == ledger
+    assert set(re.findall(r'data-ledger="([^"]+)"', _section(case_dom, case_url))) == ledger
     page = parse_page(case_dom)
     for name, m in shown_case["metrics"].items():
         assert page.units[(case, name, "status")].startswith(m["status"]), name
         assert page.units[(case, name, "score")] == (
             "—" if m["score"] is None else f"{m['score']:.3f}"), name
+
+
+def _section(dom: str, url: str) -> str:
+    """The case section a link's fragment (``#case-<case>``) names on a case page."""
+    anchor = url.split("#", 1)[1]
+    found = re.search(rf'<section id="{re.escape(anchor)}"[^>]*>.*?</section>', dom, re.S)
+    assert found, f"expected a section #{anchor} on the case page"
+    return found.group(0)
 
 
 def _run_rows(dom: str) -> dict[str, dict[str, Any]]:
@@ -184,6 +192,37 @@ def test_the_demo_run_page_is_small(golden_demo: Any, tmp_path: Path) -> None:
                 for oid in re.findall(r'data-ledger="([^"]+)"', b.decode())}
     assert on_pages == {e["oid"] for c in shown["cases"] for m in c["metrics"].values()
                         for e in m["ledger"]}
+
+
+def test_case_pages_hold_a_page_of_cases_each(golden_demo: Any, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run writes one page per ``CASES_PER_PAGE`` detailed cases, not one per case (a
+    bucket bills each PUT): every case link of the run's page names a section on one of
+    them, and each section holds exactly its case's ledger entries."""
+    from evalsnap.reports import site
+
+    monkeypatch.setattr(site, "CASES_PER_PAGE", 4)
+    _, store, cold = golden_demo.copy(tmp_path)
+    shown = _show(cold.json["run_id"], str(store))
+    out = tmp_path / "site"
+    r = run_inproc("site", "--store", str(store), "--out", str(out))
+    assert r.code == 0, r.stderr[-3000:]
+    run_dir = out / "runs" / page_name(cold.json["run_id"])
+    ids = {c["eval_id"] for c in shown["cases"]}
+    assert len(ids) == 13, ids
+    assert sorted(p.name for p in (run_dir / "cases").glob("*.html")) == \
+        ["1.html", "2.html", "3.html", "4.html"]  # 13 cases, 4 a page
+    run_page = (run_dir / "index.html").read_text("utf-8")
+    seen = set()
+    for case in ids:
+        [href] = set(_hrefs(run_page, f'data-details="{case}"'))
+        section = _section((run_dir / href.split("#")[0]).read_text("utf-8"), href)
+        assert f'data-case="{case}"' in section
+        shown_case = next(c for c in shown["cases"] if c["eval_id"] == case)
+        assert set(re.findall(r'data-ledger="([^"]+)"', section)) == \
+            {e["oid"] for m in shown_case["metrics"].values() for e in m["ledger"]}, case
+        seen.add(href.split("#")[0])
+    assert len(seen) == 4
 
 
 def _site_files(store: Path) -> dict[str, bytes]:
@@ -299,7 +338,7 @@ def test_crafted_ids_are_text_and_safe_names(shop_copy: Path, tmp_path: Path) ->
     r = run_inproc("run", str(shop_copy), str(crafted), "--store", str(store), "--json")
     assert r.code in (0, 1, 3), r.stderr[-3000:]
     pages = _site_files(store)
-    assert len(pages) == 4 + len(CRAFTED_CASES), sorted(pages)
+    assert len(pages) == 5, sorted(pages)  # index, the set's two, the run's and its cases'
     assert all(re.fullmatch(r"[a-z0-9_-]+(/[a-z0-9_-]+)*\.html", p) for p in pages), sorted(pages)
     site = store / "v1" / "site"
     assert not [p for p in tmp_path.rglob("*") if ("evil" in p.name or p.name == "etc")
@@ -308,10 +347,13 @@ def test_crafted_ids_are_text_and_safe_names(shop_copy: Path, tmp_path: Path) ->
     assert "<script>alert" not in text and "<b>" not in text
     assert "../../evil&lt;script&gt;alert(1)&lt;/script&gt;" in text
     assert "Shop &lt;b&gt;&#34;x&#34;&lt;/b&gt;/../../etc" in text
-    for path, content in pages.items():  # every link names a page of the tree
-        for href in _hrefs(content.decode()):
-            target = (Path("/site") / path).parent / href
-            assert target.resolve().relative_to("/site").as_posix() in pages, (path, href)
+    for path, content in pages.items():  # every link names a page of the tree (and a
+        for href in _hrefs(content.decode()):  # section of it)
+            target = (Path("/site") / path).parent / href.split("#")[0]
+            name = target.resolve().relative_to("/site").as_posix()
+            assert name in pages, (path, href)
+            if "#" in href:
+                _section(pages[name].decode(), href)
 
     # the site in the way (a file where v1/site/ goes): the run warns and keeps its verdict
     shutil.rmtree(store / "v1" / "site")

@@ -11,9 +11,10 @@ folder opened with ``file://``:
 * ``sets/<set>/cases.html`` — per case × metric, its status in each of the last runs, and
   a *flaky* marker when it flipped (as ``history --flaky`` counts flips) or its
   repetitions disagreed within a run;
-* ``runs/<run>/index.html`` — a run's page: the report's page (:mod:`.html`) with each
-  case's invocation rows and judge ledger on a page of their own,
-  ``runs/<run>/cases/<case>.html``, so that the run's page stays small.
+* ``runs/<run>/index.html`` — a run's page: the report's page (:mod:`.html`) with the
+  cases' invocation rows and judge ledgers on pages of their own, ``CASES_PER_PAGE`` cases
+  each (``runs/<run>/cases/<n>.html#case-<case>``), so that the run's page stays small and
+  a run writes a handful of objects, not one per case (a bucket bills each PUT).
 
 Same rules as the report: inline CSS, no script, a Content-Security-Policy that forbids
 every fetch, every value escaped by jinja2's autoescaping; ids become path segments only
@@ -45,6 +46,8 @@ TREND_RUNS = 120
 #: Case × metric lines of an eval set's case history page, flaky ones first (10,000 cases × 4
 #: metrics × 30 runs would be a page of 1.2 million cells).
 CASE_LINES = 2000
+#: Detailed cases per case page of a run (``EVALSNAP_REPORT_DETAIL_CASES`` = 200: 8 pages).
+CASES_PER_PAGE = 25
 
 
 def _run_dir(run_id: str) -> str:
@@ -124,31 +127,43 @@ def _case_history(s: SetData) -> dict[str, Any]:
 def run_pages(store: Any, record_oid: str, record: EvaluationRecord, *,
               context: dict[str, Any] | None = None,
               earlier: list[dict[str, Any]] | None = None) -> dict[str, bytes]:
-    """``runs/<run>/index.html`` and one page per case under ``runs/<run>/cases/``, from the
-    report's :func:`~.html.page_context` (``context``: made already; ``earlier``: the
-    trend's points before the run, when known)."""
+    """``runs/<run>/index.html`` and its case pages under ``runs/<run>/cases/``
+    (``CASES_PER_PAGE`` detailed cases each, in the page's order), from the report's
+    :func:`~.html.page_context` (``context``: made already; ``earlier``: the trend's points
+    before the run, when known)."""
     ctx = context if context is not None else page_context(store, record_oid, record,
                                                            earlier=earlier)
     base, up = _run_dir(record.run_id), "../../"
     nav = [("all eval sets", f"{up}index.html"),
            (f"eval set {record.eval_set_id}", f"{up}{_set_dir(record.eval_set_id)}/index.html"),
            ("case history", f"{up}{_set_dir(record.eval_set_id)}/cases.html")]
-    by_case: dict[str, list[dict[str, Any]]] = {}
+    by_case: dict[str, list[dict[str, Any]]] = {}  # in the page's order
     for c in ctx["cases"]:
         if not c["details"]:
             continue  # a row of scores on the run's page (EVALSNAP_REPORT_DETAIL_CASES)
-        c["href"] = f"cases/{page_name(c['case']['eval_id'])}.html"
-        by_case.setdefault(c["case"]["eval_id"], []).append(c)
+        by_case.setdefault(c["case"]["eval_id"], []).append(c)  # repetitions share a page
+    for position, (eval_id, reps) in enumerate(by_case.items()):
+        for c in reps:
+            c["href"] = f"cases/{position // CASES_PER_PAGE + 1}.html#{case_anchor(eval_id)}"
     # every link of the site is relative (it opens from any base); the flow run's link is
     # on the stored report and the Prefect artifacts
     pages = {f"{base}/index.html": _render("report.html",
                                             **{**ctx, "nav": nav, "flow_run_url": None})}
     back = [("run " + record.run_id, "../index.html")] + [(label, "../" + href) for label, href in nav]
-    for eval_id, reps in by_case.items():
-        pages[f"{base}/cases/{page_name(eval_id)}.html"] = _render(
-            "site_case.html", record=record, record_oid=record_oid, eval_id=eval_id,
-            repetitions=sorted(reps, key=lambda c: c["case"]["repetition"]), nav=back)
+    ids = list(by_case)
+    for start in range(0, len(ids), CASES_PER_PAGE):
+        chunk = ids[start:start + CASES_PER_PAGE]
+        cases = [{"eval_id": eval_id, "anchor": case_anchor(eval_id),
+                  "repetitions": sorted(by_case[eval_id], key=lambda c: c["case"]["repetition"])}
+                 for eval_id in chunk]
+        pages[f"{base}/cases/{start // CASES_PER_PAGE + 1}.html"] = _render(
+            "site_case.html", record=record, record_oid=record_oid, cases=cases, nav=back)
     return pages
+
+
+def case_anchor(eval_id: str) -> str:
+    """The fragment of a case's section on its case page (safe: :func:`page_name`)."""
+    return f"case-{page_name(eval_id)}"
 
 
 def refresh(store: Any, record_oid: str, record: EvaluationRecord, result: RecordResult,
