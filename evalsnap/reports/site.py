@@ -153,7 +153,7 @@ def run_pages(store: Any, record_oid: str, record: EvaluationRecord, *,
     ids = list(by_case)
     for start in range(0, len(ids), CASES_PER_PAGE):
         chunk = ids[start:start + CASES_PER_PAGE]
-        cases = [{"eval_id": eval_id, "anchor": case_anchor(eval_id),
+        cases: list[dict[str, Any]] = [{"eval_id": eval_id, "anchor": case_anchor(eval_id),
                   "repetitions": sorted(by_case[eval_id], key=lambda c: c["case"]["repetition"])}
                  for eval_id in chunk]
         pages[f"{base}/cases/{start // CASES_PER_PAGE + 1}.html"] = _render(
