@@ -67,7 +67,8 @@ def test_dask_local_cluster_matches_threads(shop_copy, tmp_path, monkeypatch):
 
     from evalsnap import settings
 
-    monkeypatch.setenv("EVALSNAP_DASK_WORKERS", "2")
+    monkeypatch.setenv("EVALSNAP_DASK_WORKERS", "1")  # one worker process: enough to
+    # show every model call leaves this process (each more costs its own imports)
     settings.reload()
     monkeypatch.setattr(runners, "_dask_runner", spy)
     logging.getLogger("distributed").setLevel(logging.ERROR)
@@ -79,7 +80,7 @@ def test_dask_local_cluster_matches_threads(shop_copy, tmp_path, monkeypatch):
     settings.reload()  # the environment as it was, for later tests
     [runner] = built
     assert isinstance(runner, DaskTaskRunner)
-    assert runner.cluster_kwargs == {"processes": True, "threads_per_worker": 1, "n_workers": 2}
+    assert runner.cluster_kwargs == {"processes": True, "threads_per_worker": 1, "n_workers": 1}
     # Every model call happened in the Dask worker processes, none in this one.
     assert result["agent_calls"] > 0 and result["judge_calls"] > 0
     assert offline.counters()["agent_calls"] == 0

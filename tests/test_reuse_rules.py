@@ -289,6 +289,26 @@ def damage_inference(w: World) -> None:
     w.damaged = {oid: "inference"}
 
 
+DAMAGED_JUDGE_CASE = "weather_paris"
+
+
+def damage_judge_entry(w: World) -> None:
+    """A stricter judge threshold (the judge's answers come from the ledger) and one ledger
+    entry of the judge metric damaged: ``verify`` names it at once."""
+    judge_threshold(w)
+    w.start_damage()
+    unit = stored_unit(w.store, w.base_unit_oid((DAMAGED_JUDGE_CASE, JUDGE)))
+    assert unit.ledger, f"expected ledger entries on the {JUDGE} unit of {DAMAGED_JUDGE_CASE}"
+    oid = unit.ledger[0]
+    key = object_key("judge", oid)
+    assert w.store.is_file(key), f"expected the judge entry {oid} at {w.store.at(key)}"
+    w.store.write(key, b'{"not": "the judge entry that hashes to its name"}')
+    w.damaged = {oid: "judge"}
+    found = run_inproc("verify", "--store", w.store.url, "--json", env=w.env)
+    assert found.code == 1 and oid in {p["oid"] for p in found.json["problems"]}, \
+        f"expected verify to name the damaged judge entry {oid}: {found.stdout[-2000:]}"
+
+
 class _PickleBomb:
     """Unpickling this creates the marker file (``open(marker, "w")``)."""
 
@@ -401,6 +421,18 @@ def no_judge_calls(w: World, runs: list[CliResult]) -> None:
         "expected the judge answers to come from the ledger (reused_judge_samples > 0)"
     assert {u["threshold"] for (_, m), u in units_of(out).items() if m == JUDGE} == {0.9}, \
         "expected the new threshold 0.9 on every judge unit"
+
+
+def judge_asked_again_for_the_damaged_entry(w: World, runs: list[CliResult]) -> None:
+    """The damaged entry is never an answer: its one sample goes to the judge again, every
+    other sample comes from the ledger."""
+    out = runs[-1].json
+    assert out["judge_calls"] == 1, \
+        f"expected one judge call (the damaged entry's sample), got {out['judge_calls']}"
+    assert out["reused_judge_samples"] > 0, "expected the other answers from the ledger"
+    _assert_new_manifests_name_no_damaged_object(w)
+    [oid] = w.damaged
+    assert _sound(w, oid, "judge"), "expected the judge's same answer to repair the entry"
 
 
 def new_rms_threshold(w: World, runs: list[CliResult]) -> None:
@@ -547,6 +579,11 @@ SCENARIOS = [
              extra=units_rescored_cleanly, damage=True),
     Scenario("damaged_inference_object", units(), setup=damage_inference,
              extra=inference_rerun_for_one_case, damage=True),
+    # a damaged judge entry is never an answer from the ledger: that sample is asked again
+    # (verify names the entry before the run; the judge's same answer repairs it, so verify
+    # is clean after)
+    Scenario("damaged_judge_entry", per_metric(JUDGE), setup=damage_judge_entry,
+             why={JUDGE: "rule changed"}, extra=judge_asked_again_for_the_damaged_entry),
     Scenario("changed_threshold_deterministic", per_metric(RMS), setup=rms_threshold,
              why={RMS: "rule changed"}, extra=new_rms_threshold),
     Scenario("changed_threshold_judge", per_metric(JUDGE), setup=judge_threshold,
