@@ -152,10 +152,10 @@ def run_pages(store: Any, record_oid: str, record: EvaluationRecord, *,
     back = [("run " + record.run_id, "../index.html")] + [(label, "../" + href) for label, href in nav]
     ids = list(by_case)
     for start in range(0, len(ids), CASES_PER_PAGE):
-        chunk = ids[start:start + CASES_PER_PAGE]
-        cases: list[dict[str, Any]] = [{"eval_id": eval_id, "anchor": case_anchor(eval_id),
-                  "repetitions": sorted(by_case[eval_id], key=lambda c: c["case"]["repetition"])}
-                 for eval_id in chunk]
+        cases: list[dict[str, Any]] = [
+            {"eval_id": eval_id, "anchor": case_anchor(eval_id),
+             "repetitions": sorted(by_case[eval_id], key=lambda c: c["case"]["repetition"])}
+            for eval_id in ids[start:start + CASES_PER_PAGE]]
         pages[f"{base}/cases/{start // CASES_PER_PAGE + 1}.html"] = _render(
             "site_case.html", record=record, record_oid=record_oid, cases=cases, nav=back)
     return pages
