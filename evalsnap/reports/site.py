@@ -142,26 +142,28 @@ def run_pages(store: Any, record_oid: str, record: EvaluationRecord, *,
         if not c["details"]:
             continue  # a row of scores on the run's page (EVALSNAP_REPORT_DETAIL_CASES)
         by_case.setdefault(c["case"]["eval_id"], []).append(c)  # repetitions share a page
-    for position, (eval_id, reps) in enumerate(by_case.items()):
-        for c in reps:
-            c["href"] = f"cases/{position // CASES_PER_PAGE + 1}.html#{case_anchor(eval_id)}"
-    # every link of the site is relative (it opens from any base); the flow run's link is
-    # on the stored report and the Prefect artifacts
-    pages = {f"{base}/index.html": _render("report.html",
-                                            **{**ctx, "nav": nav, "flow_run_url": None})}
     back = [("run " + record.run_id, "../index.html")] + [(label, "../" + href) for label, href in nav]
+    pages: dict[str, bytes] = {}
     ids = list(by_case)
     for start in range(0, len(ids), CASES_PER_PAGE):
-        cases: list[dict[str, Any]] = [
-            {"eval_id": eval_id, "anchor": case_anchor(eval_id),
-             "repetitions": sorted(by_case[eval_id], key=lambda c: c["case"]["repetition"])}
-            for eval_id in ids[start:start + CASES_PER_PAGE]]
-        pages[f"{base}/cases/{start // CASES_PER_PAGE + 1}.html"] = _render(
+        number = start // CASES_PER_PAGE + 1
+        cases: list[dict[str, Any]] = []
+        for eval_id in ids[start:start + CASES_PER_PAGE]:
+            anchor = _case_anchor(eval_id)
+            for c in by_case[eval_id]:
+                c["href"] = f"cases/{number}.html#{anchor}"  # the run's page links it
+            cases.append({"eval_id": eval_id, "anchor": anchor, "repetitions": sorted(
+                by_case[eval_id], key=lambda c: c["case"]["repetition"])})
+        pages[f"{base}/cases/{number}.html"] = _render(
             "site_case.html", record=record, record_oid=record_oid, cases=cases, nav=back)
+    # every link of the site is relative (it opens from any base); the flow run's link is
+    # on the stored report and the Prefect artifacts
+    pages[f"{base}/index.html"] = _render("report.html",
+                                          **{**ctx, "nav": nav, "flow_run_url": None})
     return pages
 
 
-def case_anchor(eval_id: str) -> str:
+def _case_anchor(eval_id: str) -> str:
     """The fragment of a case's section on its case page (safe: :func:`page_name`)."""
     return f"case-{page_name(eval_id)}"
 
