@@ -160,7 +160,7 @@ def test_older_than_removes_only_runs_older_than_that(two_sets: dict[str, Any]) 
 
 def test_keep_last_counts_per_eval_set_and_verify_passes(two_sets: dict[str, Any]) -> None:
     store = two_sets["store"]
-    # every writing command (a gc too, the dry runs above) rewrites v1/STORE as it starts,
+    # every writing command rewrites v1/STORE as it starts (gc does not),
     # and gc sweeps index entries and objects only once the latest writer is not recent
     # (evalsnap.records.gc._STEP, 2 s): as if that long had passed since the last one
     marker = Path(store) / "v1" / "STORE"
@@ -240,6 +240,11 @@ def test_a_killed_run_is_collected_only_after_the_grace_period(
     kept = _gc(store, "--keep-last", "3", "--grace", "1h")
     assert kept["removed_count"] == 0, kept["removed"]
     assert orphans <= set(_tree(Path(store)))
+    # gc sweeps only once the latest writer (here the killed run, which rewrote v1/STORE as
+    # it started) is not recent (evalsnap.records.gc._STEP, 2 s; a fast machine gets here
+    # sooner): as if that long had passed since it started
+    old = time.time() - 3
+    os.utime(Path(store) / "v1" / "STORE", (old, old))
     swept = _gc(store, "--keep-last", "3", "--grace", "0")
     assert swept["removed_count"] > 0 and not swept["runs_removed"], swept
     assert not {p for p in orphans if "/objects/" in p} & set(_tree(Path(store)))
