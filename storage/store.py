@@ -552,6 +552,24 @@ class Store:
         self._ensure_ready()
         return self._read(rel, f"reading {self._url(rel)}", long=True, limit=MAX_REF_BYTES)
 
+    def get_refs(self, namespace: str, names: Iterable[str]
+                 ) -> dict[str, bytes | None | TooLarge]:
+        """:meth:`get_ref` for many refs of one namespace: one concurrent batch on a bucket
+        (per name its bytes, ``None`` if it does not exist, or the ``TooLarge`` error
+        :meth:`get_ref` would raise)."""
+        rels = {name: ref_rel(namespace, name) for name in dict.fromkeys(names)}
+        if not rels:
+            return {}
+        self._ensure_ready()
+        got = self._b.read_many(f"reading {len(rels)} refs of {namespace} from {self.url}",
+                                [self._path(rel) for rel in rels.values()], limit=MAX_REF_BYTES)
+        out: dict[str, bytes | None | TooLarge] = {}
+        for name, rel in rels.items():
+            data = got[self._path(rel)]
+            out[name] = TooLarge(self._url(rel), MAX_REF_BYTES) \
+                if _too_long(data, MAX_REF_BYTES) else data
+        return out
+
     def list_refs_dated(self, namespace: str) -> list[tuple[str, float]]:
         """(name, when the store last wrote it: seconds since the epoch) of every ref directly
         under ``namespace``: the store's own clock (S3 ``LastModified``, GCS ``updated``, file

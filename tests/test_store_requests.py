@@ -102,6 +102,34 @@ def test_a_no_op_rerun_costs_a_handful_of_requests(cold: dict[str, Any], agent: 
     assert out["reused_units"] == len(complete) and out["scored_units"] == 1
 
 
+def test_a_rerun_knows_an_incomplete_unit_from_the_listing_not_a_read(
+        cold: dict[str, Any], moto: Server) -> None:
+    """The previous record's incomplete unit is scored again. The listing that proves the
+    complete units' index entries proves its entry too: reuse says "incomplete before"
+    without reading it (it was one GET per incomplete unit), and still reads an entry the
+    listing does not prove."""
+    from evalsnap.pipeline import hints, reuse
+    from evalsnap.records import ScoreUnit, repo
+
+    record = _record(moto, cold["prefix"], cold["json"]["record_id"])
+    store = repo.open_store(f"s3://{BUCKET}/{cold['prefix']}", {
+        "endpoint_url": moto.url, "key": "testing", "secret": "testing"})
+    store.new_run()
+    units = {u["unit_fingerprint"]: repo.get(store, ScoreUnit, u["unit_oid"])
+             for u in record["units"]}
+    incomplete = [fp for fp, unit in units.items() if not unit.complete]
+    complete = [fp for fp, unit in units.items() if unit.complete]
+    assert incomplete and complete
+    hints.prime(store, record["eval_set_id"])
+    before = store.requests.snapshot()["get"]
+    assert all(reuse.find_unit(store, fp) == "incomplete before" for fp in incomplete)
+    assert store.requests.snapshot()["get"] == before  # proved by the listing: nothing read
+
+    store.new_run()  # no hints: each entry is read, with the same answer
+    assert reuse.find_unit(store, incomplete[0]) == "incomplete before"
+    assert store.requests.snapshot()["get"] == 1
+
+
 def _complete(result: dict[str, Any], key: tuple[str, str]) -> bool:
     case = next(c for c in result["cases"] if c["eval_id"] == key[0])
     return bool(case["metrics"][key[1]]["complete"])

@@ -40,6 +40,8 @@ class Hints:
     """Index entries proved in this run: fingerprint → (oid the entry names, the entry)."""
 
     units: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    """Complete and incomplete ones (an incomplete unit is scored again: its proved entry
+    spares the read that says so)."""
     inferences: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
     committed_inferences: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
     """fingerprint → an inference the previous (committed) record names, proved intact in the
@@ -111,12 +113,12 @@ def _prove_units(store: Store, record_oid: str, record: EvaluationRecord, proved
             unit = repo.get(store, ScoreUnit, ref.unit_oid)  # from memory: proved above
         except EvalsnapError:
             continue
-        if not unit.complete or unit.unit_fingerprint != ref.unit_fingerprint:
+        if unit.unit_fingerprint != ref.unit_fingerprint or (ref.reused and not unit.complete):
             continue
         entry = {"unit_oid": ref.unit_oid,
                  "run_id": ref.reused_from_run if ref.reused else record.run_id,
                  "record_oid": ref.reused_from_record if ref.reused else record_oid,
-                 "complete": True}
+                 "complete": unit.complete}
         if entry["run_id"] is None or entry["record_oid"] is None:
             continue
         expected[repo.hexof(ref.unit_fingerprint)] = (ref.unit_fingerprint, ref.unit_oid, entry)

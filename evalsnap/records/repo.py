@@ -292,10 +292,19 @@ def read_index_entry(store: Store, namespace: str, name: str) -> dict[str, Any] 
     """The entry ``name`` of index ``namespace``, or None if there is none or it is unusable
     (logged): an index is a hint, and a bad hint is no hint."""
     try:
-        data = store.get_ref(namespace, name)
-        if data is None:
-            return None
-        return parse_index_entry(namespace, data, where=f"{namespace}/{name}")
+        data: bytes | None | TooLarge = store.get_ref(namespace, name)
+    except TooLarge as exc:
+        data = exc
+    return _usable_entry(namespace, name, data)
+
+
+def _usable_entry(namespace: str, name: str, data: bytes | None | TooLarge
+                  ) -> dict[str, Any] | None:
+    try:
+        if isinstance(data, TooLarge):
+            raise data
+        return None if data is None else parse_index_entry(namespace, data,
+                                                           where=f"{namespace}/{name}")
     except (CorruptRecordError, TooLarge) as exc:
         logger.warning("%s", exc)
         return None
@@ -344,33 +353,17 @@ def load_unit(store: Store, oid: str) -> ScoreUnit | None:
 
 
 def index_units(store: Store, items: list[tuple[str, bool, str, str]], record_oid: str) -> None:
-    """:func:`index_unit` for many units (fingerprint, complete, unit oid, run id): one batch
-    of writes; the current entries of incomplete ones are read first (in one batch), so an
-    incomplete unit never replaces a complete one."""
+    """Points each unit key (fingerprint, complete, unit oid, run id) at this result, in one
+    batch of writes; the current entries of incomplete ones are read first (in one batch),
+    so an incomplete unit never replaces a complete one."""
     names = {hexof(fp): (fp, complete, oid, run) for fp, complete, oid, run in items}
     incomplete = [name for name, (_, complete, _, _) in names.items() if not complete]
-    keep: set[str] = set()
-    for name in incomplete:
-        current = read_index_entry(store, "index/unit", name)
-        if current and current.get("complete"):
-            keep.add(name)
+    keep = {name for name, data in store.get_refs("index/unit", incomplete).items()
+            if (_usable_entry("index/unit", name, data) or {}).get("complete")}
     store.put_refs("index/unit", {
         name: index_entry_bytes("index/unit", {"unit_oid": oid, "run_id": run,
                                                "record_oid": record_oid, "complete": complete})
         for name, (_, complete, oid, run) in names.items() if name not in keep})
-
-
-def index_unit(store: Store, unit_fingerprint: str, complete: bool, oid: str, run_id: str,
-               record_oid: str) -> None:
-    """Points the unit key at this result, never replacing a complete one by an incomplete."""
-    name = hexof(unit_fingerprint)
-    if not complete:
-        current = read_index_entry(store, "index/unit", name)
-        if current and current.get("complete"):
-            return
-    write_index_entry(store, "index/unit", name, {
-        "unit_oid": oid, "run_id": run_id, "record_oid": record_oid, "complete": complete,
-    })
 
 
 # ---- runs, records, eval set history ---------------------------------------------------------
