@@ -8,7 +8,8 @@ that long before each request and counts them), a cold ``evalsnap run`` and then
 ``evalsnap run --reuse`` (0 model calls) of ``--cases`` generated cases × 5 metrics, whole
 processes against one ``prefect server`` the bench starts. Printed: wall time, the ratio to
 the same run on local disk, the store requests evalsnap counted (``store_requests``), the
-requests the proxy saw, and for a cold run the objects it left and the requests per object.
+requests the proxy saw, for a cold run the objects it left and the requests per object, and
+the peak RSS of the run's largest process.
 """
 
 from __future__ import annotations
@@ -155,15 +156,17 @@ def render(rows: list[dict[str, Any]], cases: int) -> str:
     local = {r["run"]: r["wall"] for r in rows if r["backend"] == "local"}
     lines = [f"{cases} cases × 5 metrics; one `prefect server`; walls are whole processes.", "",
              "| backend | latency ms | run | wall s | × local disk | store requests (evalsnap) "
-             "| requests (proxy) | objects left | requests / object | agent, judge calls |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| requests (proxy) | objects left | requests / object | agent, judge calls "
+             "| peak RSS MB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ratio = r["wall"] / local[r["run"]] if r["run"] in local else float("nan")
         per = (f"{r['proxy_requests'] / r['objects']:.2f}" if r.get("objects")
                and r.get("proxy_requests") is not None else "")
         lines.append(f"| {r['backend']} | {r['latency_ms']:g} | {r['run']} | {r['wall']:.1f} | "
                      f"{ratio:.2f}× | {r['store_requests']} | {r['proxy_requests'] or ''} | "
-                     f"{r.get('objects', '')} | {per} | {r['agent_calls']}, {r['judge_calls']} |")
+                     f"{r.get('objects', '')} | {per} | {r['agent_calls']}, {r['judge_calls']} | "
+                     f"{r['rss_mb']:.0f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
-#: What ``json.loads`` accepts that no JSON can hold again: a lone surrogate escape
-#: (``\\ud800``; a paired one matches too and passes the check) or a float that overflows to
-#: ``inf`` (a 3-digit exponent, or hundreds of digits). Only a text holding one of these is
-#: re-encoded to check it (a parse of stored bytes is on every reuse path).
-_NEEDS_CHECK = re.compile(r"\\u[dD][89a-fA-F]|[eE][+-]?\d{3}|\d{300}")
+#: What ``json.loads`` accepts that no JSON can hold again, besides the numbers
+#: :func:`_finite_float` refuses: a lone surrogate escape (``\\ud800``; a paired one matches
+#: too and passes the check). Only a text holding one is re-encoded to check it (a parse of
+#: stored bytes is on every reuse path).
+_NEEDS_CHECK = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number (use a finite number or null)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e999, or hundreds of digits: no JSON can hold it again
+        raise ValueError("it holds a number too large for a float (such as 1e999); use a "
+                         "finite number or a string")
+    return value
 
 
 def strict_json(text: str) -> Any:
@@ -23,19 +32,16 @@ def strict_json(text: str) -> Any:
     no nesting too deep to parse. Any of those raises ``ValueError``
     (``json.JSONDecodeError`` for syntax errors)."""
     try:
-        raw = json.loads(text, parse_constant=_no_constant)
+        raw = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
     except RecursionError:
         raise ValueError("it is nested too deeply") from None
-    if not _NEEDS_CHECK.search(text):
+    if "\\u" not in text or not _NEEDS_CHECK.search(text):
         return raw
     try:
-        json.dumps(raw, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        json.dumps(raw, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError("it contains a lone surrogate escape such as \\ud800, which is not "
                          "text") from None
     except RecursionError:
         raise ValueError("it is nested too deeply") from None
-    except ValueError:  # json.loads reads 1e999 as inf, which no JSON can hold again
-        raise ValueError("it holds a number too large for a float (such as 1e999); use a "
-                         "finite number or a string") from None
     return raw

@@ -35,6 +35,19 @@ def wilson(k: int, n: int) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def test_the_wilson_interval_is_scipys_to_the_bit() -> None:
+    from scipy.stats import binomtest
+
+    from evalsnap.aggregates import wilson as ours
+
+    for n in range(1, 61):
+        for k in range(n + 1):
+            ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+            assert ours(k, n) == [float(ci.low), float(ci.high)], (k, n)
+            assert ours(k, n) == pytest.approx(list(wilson(k, n)), abs=1e-12)
+    assert ours(0, 0) is None
+
+
 def fisher_two_sided(a: int, b: int, c: int, d: int) -> float:
     """Fisher's exact test on [[a, b], [c, d]]: the tables with the same margins that are at
     most as likely as the observed one."""

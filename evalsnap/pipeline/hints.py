@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evalsnap.errors import EvalsnapError
-from evalsnap.records import EvaluationRecord, InferenceRecord, ScoreUnit, pack, repo
+from evalsnap.records import EvaluationRecord, ScoreUnit, pack, repo
 from storage import Store
 
 __all__ = ["Hints", "hints_of", "packs_for", "prime"]
@@ -136,7 +136,7 @@ def _prove_inferences(store: Store, record: EvaluationRecord, proved: set[str],
         if ref.inference_oid not in proved or ref.status != "success":
             continue
         try:
-            inference = repo.get(store, InferenceRecord, ref.inference_oid)
+            inference = repo.get_inference(store, ref.inference_oid)
         except EvalsnapError:
             continue
         if not inference.ok or inference.inference_fingerprint != ref.inference_fingerprint:

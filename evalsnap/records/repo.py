@@ -209,7 +209,10 @@ def remember_verdict(store: Store, oid: str, data: bytes) -> None:
 
 
 def get_inference(store: Store, oid: str) -> InferenceRecord:
-    return get(store, InferenceRecord, oid)
+    """An inference record, parsed once per run while it is among the last 512 parsed:
+    reuse, freeze, publish, the report and the ADK history copy each read every case's."""
+    return _parsed(store, "inferences", 512).get(  # type: ignore[no-any-return]
+        oid, lambda: get(store, InferenceRecord, oid))
 
 
 def _inference_run_id(store: Store, oid: str) -> str:
