@@ -385,3 +385,25 @@ def test_gc_takes_removed_runs_off_the_site(flipped: dict[str, Any], tmp_path: P
     # the rows the next publish starts from have lost it too
     rows = json.loads((store / "v1" / "refs" / "site" / "shop.json").read_text("utf-8"))
     assert [x["run_id"] for x in rows["runs"]] == [strict]
+
+
+def test_case_history_cells_letter_each_status() -> None:
+    from evalsnap.reports._site_data import RunRow, SetData
+    from evalsnap.reports.site import set_pages
+
+    def run(n: int, statuses: dict[str, dict[str, str]], flaky: dict[str, list[str]]) -> RunRow:
+        return RunRow(run_id=f"20261203T00000{n}Z-abcdef", record_id="sha256:" + "0" * 64,
+                      kind="run", created_at=f"2026-12-03T00:00:0{n}Z", full=True, covers="full",
+                      passed=False, complete=True, cases=2, metrics={}, regressions=None,
+                      fixes=None, baseline_run=None, duration=None, cost=None, cost_note=None,
+                      statuses=statuses, flaky=flaky)
+
+    runs = [run(1, {"a": {"m": "PASSED"}, "b": {"m": "NOT_EVALUATED"}}, {}),
+            run(2, {"a": {"m": "FAILED"}, "b": {"m": "INFORMATIONAL"}}, {"a": ["m"]})]
+    page = next(v for k, v in set_pages(SetData(eval_set_id="s", runs=runs)).items()
+                if k.endswith("cases.html")).decode()
+    rows = {m.group(1): re.findall(r'<span class="badge (\w+)" title="\1">([^<]*)</span>',
+                                   m.group(2))
+            for m in re.finditer(r'<tr data-case="(\w+)"[^>]*>(.*?)</tr>', page, re.S)}
+    assert rows == {"a": [("PASSED", "P"), ("FAILED", "F~")],
+                    "b": [("NOT_EVALUATED", "?"), ("INFORMATIONAL", "I")]}

@@ -103,6 +103,10 @@ def set_pages(s: SetData) -> dict[str, bytes]:
     }
 
 
+#: A status as one letter in the case history (a repetition disagreement adds ``~``).
+_LETTERS = {"PASSED": "P", "FAILED": "F", "NOT_EVALUATED": "?", "INFORMATIONAL": "I"}
+
+
 def _case_history(s: SetData) -> dict[str, Any]:
     """Per case × metric, its status in each of the newest :data:`CASE_RUNS` runs (oldest
     first), how often it flipped and whether its repetitions disagreed in any of them."""
@@ -116,8 +120,8 @@ def _case_history(s: SetData) -> dict[str, Any]:
         disagreed = [metric in r.flaky.get(case, []) for r in runs]
         n = flips([x for x in statuses if x is not None])
         lines.append({"eval_id": case, "metric": metric, "flips": n,
-                      "cells": [{"status": x, "flaky": d} for x, d in zip(statuses, disagreed,
-                                                                         strict=True)],
+                      "cells": [{"status": x, "letter": _LETTERS.get(x, "?") + ("~" if d else "")}
+                                for x, d in zip(statuses, disagreed, strict=True)],
                       "flaky": n > 0 or any(disagreed)})
     lines.sort(key=lambda x: (not x["flaky"], -x["flips"]))  # flaky first, stable otherwise
     return {"runs": [_row(r, "../../") for r in runs], "lines": lines[:CASE_LINES],
