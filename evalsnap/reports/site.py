@@ -120,7 +120,7 @@ def _case_history(s: SetData) -> dict[str, Any]:
         disagreed = [metric in r.flaky.get(case, []) for r in runs]
         n = flips([x for x in statuses if x is not None])
         lines.append({"eval_id": case, "metric": metric, "flips": n,
-                      "cells": [{"status": x, "letter": _LETTERS.get(x, "?") + ("~" if d else "")}
+                      "cells": [{"status": x, "letter": _LETTERS.get(x or "", "?") + ("~" if d else "")}
                                 for x, d in zip(statuses, disagreed, strict=True)],
                       "flaky": n > 0 or any(disagreed)})
     lines.sort(key=lambda x: (not x["flaky"], -x["flips"]))  # flaky first, stable otherwise
