@@ -2,7 +2,7 @@
 
     python -m bench --suite        # every table bench/RESULTS.md publishes (`make bench`)
     python -m bench [--sizes 30 300] [--reps 3] [--scenarios 1 2 3 4 5 6] [--api env|server]
-                    [--out bench/RESULTS.md]
+                    [--out FILE]    # printed; written into FILE's generated block if given
 
 Run it from the repository root: ``bench/`` and ``examples/`` are not installed with evalsnap.
 
@@ -293,7 +293,9 @@ def main() -> None:
                         help="evalsnap's Prefect API: as the environment says (no "
                              "PREFECT_API_URL: the temporary API each run starts), or a "
                              "`prefect server` the runner starts on 127.0.0.1 and stops")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
+    parser.add_argument("--out", default=None,
+                        help="the file whose generated block the tables replace (default: "
+                             "bench/RESULTS.md with --suite; else the tables are only printed)")
     args = parser.parse_args()
     started = time.time()
     plan = SUITE if args.suite else (Section(tuple(args.sizes), args.reps,
@@ -301,7 +303,9 @@ def main() -> None:
     sections = [(section, measure_section(section, args.judge_concurrency))
                 for section in plan]
     text = render(sections, args, started)
-    Path(args.out).write_text(merge(Path(args.out), text))
+    out = args.out or (str(ROOT / "bench" / "RESULTS.md") if args.suite else None)
+    if out:  # a partial run never replaces the suite's published tables by itself
+        Path(out).write_text(merge(Path(out), text))
     print(text)
 
 
