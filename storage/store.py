@@ -403,11 +403,8 @@ class Store:
         proved = {name for name, data in contents.items()
                   if self._proved(ref_rel(namespace, name), data, area=area)}
         if not self._listed_md5(area):
-            rest = [name for name in contents if name not in proved]
-            got = self._b.read_many(f"reading {len(rest)} refs of {namespace} from {self.url}",
-                                    [self._path(ref_rel(namespace, n)) for n in rest],
-                                    limit=MAX_REF_BYTES)
-            proved |= {n for n in rest if got[self._path(ref_rel(namespace, n))] == contents[n]}
+            got = self.get_refs(namespace, [name for name in contents if name not in proved])
+            proved |= {n for n, data in got.items() if data == contents[n]}
         return proved
 
     def _proved(self, rel: str, data: bytes, area: str | None = None) -> bool:

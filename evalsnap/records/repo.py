@@ -303,11 +303,13 @@ def read_index_entry(store: Store, namespace: str, name: str) -> dict[str, Any] 
 
 def _usable_entry(namespace: str, name: str, data: bytes | None | TooLarge
                   ) -> dict[str, Any] | None:
+    """The entry ``data`` (as :meth:`Store.get_refs` gives it) parsed, or None (logged)."""
+    if data is None:
+        return None
     try:
         if isinstance(data, TooLarge):
             raise data
-        return None if data is None else parse_index_entry(namespace, data,
-                                                           where=f"{namespace}/{name}")
+        return parse_index_entry(namespace, data, where=f"{namespace}/{name}")
     except (CorruptRecordError, TooLarge) as exc:
         logger.warning("%s", exc)
         return None
