@@ -1,7 +1,7 @@
 """What a bucket costs: the same runs on local disk, on moto S3 and on fake-gcs-server.
 
     python -m bench.stores [--cases 210] [--latency 0 20] [--backends local s3 gcs]
-                           [--reps 1] [--out bench/STORES.md]
+                           [--reps 1] [--kept 1] [--out bench/STORES.md]
 
 Per backend and injected latency (a proxy of the bench's own, :mod:`bench._proxy`, waits
 that long before each request and counts them), a cold ``evalsnap run`` and then a no-op
@@ -9,7 +9,9 @@ that long before each request and counts them), a cold ``evalsnap run`` and then
 processes against one ``prefect server`` the bench starts. Printed: wall time, the ratio to
 the same run on local disk, the store requests evalsnap counted (``store_requests``), the
 requests the proxy saw, for a cold run the objects it left and the requests per object, and
-the peak RSS of the run's largest process.
+the peak RSS of the run's largest process. With ``--kept K``, K no-op reruns follow the cold
+run and the last is reported too: what a no-op costs once the store keeps K+1 runs of the
+eval set (a nightly's store after K nights).
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def _objects_in(store: str, env: dict[str, str]) -> int:
 
 
 def run(cases: int, latencies: list[float], backends: list[str],
-        reps: int, src: str = "") -> list[dict[str, Any]]:
+        reps: int, src: str = "", kept: int = 1) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     work = Path(tempfile.mkdtemp(prefix="evalsnap-bench-stores-"))
     agent, evalset = make_agent(work, cases)
@@ -100,13 +102,15 @@ def run(cases: int, latencies: list[float], backends: list[str],
         for latency in latencies:
             for backend in backends:
                 for _ in range(reps):
-                    rows += _pair(work, agent, evalset, backend, latency, base, emulators)
+                    rows += _pair(work, agent, evalset, backend, latency, base, emulators,
+                                  kept)
     shutil.rmtree(work, ignore_errors=True)
     return rows
 
 
 def _pair(work: Path, agent: Path, evalset: Path, backend: str, latency: float,
-          base: dict[str, str], emulators: dict[str, Any]) -> list[dict[str, Any]]:
+          base: dict[str, str], emulators: dict[str, Any],
+          kept: int = 1) -> list[dict[str, Any]]:
     env = dict(base)
     tag = uuid.uuid4().hex[:8]
     proxy: LatencyProxy | None = None
@@ -124,7 +128,9 @@ def _pair(work: Path, agent: Path, evalset: Path, backend: str, latency: float,
                 env["STORAGE_EMULATOR_HOST"] = proxy.url
                 store = f"gs://bench/{tag}"
         out = []
-        for kind, extra in (("cold", []), ("no-op --reuse", ["--reuse"])):
+        runs = [("cold", []), ("no-op --reuse", ["--reuse"])]
+        runs += [(f"no-op --reuse, {k + 1} runs kept", ["--reuse"]) for k in range(1, kept)]
+        for i, (kind, extra) in enumerate(runs):
             if proxy is not None:
                 proxy.reset()
             started = time.monotonic()
@@ -148,7 +154,8 @@ def _pair(work: Path, agent: Path, evalset: Path, backend: str, latency: float,
                    "rss_mb": res.get("rss_mb")}
             if kind == "cold":
                 row["objects"] = _objects_in(store, env)
-            out.append(row)
+            if i < 2 or i == len(runs) - 1:  # cold, the first no-op, the last
+                out.append(row)
         return out
 
 
@@ -177,12 +184,15 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["local", "s3", "gcs"],
                         choices=["local", "s3", "gcs"])
     parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--kept", type=int, default=1,
+                        help="no-op reruns after the cold run (the last is reported too)")
     parser.add_argument("--out", default="")
     parser.add_argument("--evalsnap-src", default="",
                         help="run the evalsnap of this checkout instead (e.g. a `git worktree "
                              "add /tmp/old COMMIT`): the same runs before a change")
     args = parser.parse_args()
-    rows = run(args.cases, args.latency, args.backends, args.reps, args.evalsnap_src)
+    rows = run(args.cases, args.latency, args.backends, args.reps, args.evalsnap_src,
+               args.kept)
     text = render(rows, args.cases)
     print(text)
     if args.out:

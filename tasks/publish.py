@@ -11,7 +11,8 @@ from prefect import task
 from evalsnap.pipeline import context
 from evalsnap.pipeline.publish import PublishRequest, publish_request
 from evalsnap.reports.artifacts import publish_artifacts
-from evalsnap.reports.html import report_link, store_report
+from evalsnap.reports.html import TREND_RUNS, report_link, store_report
+from evalsnap.reports.site import current as site_rows
 from evalsnap.reports.site import refresh as refresh_site
 from evalsnap.reports.summary import summary
 from evalsnap.reports.summary_model import RecordResult
@@ -30,8 +31,16 @@ def publish_task(request: PublishRequest) -> RecordResult:
     # could not be written is written again by `evalsnap report RECORD` at any time.
     link: tuple[str | None, int | None] = (None, None)
     page = None
+    now = None
+    try:  # the site's rows of the eval set's runs: the page's trend and the site's refresh
+        now = site_rows(store, record.eval_set_id, publishing=record.run_id)
+    except Exception as exc:  # noqa: BLE001 - a view: the page reads the manifests instead
+        logger.warning("could not read the store's site data (%s); the trend reads the "
+                       "runs' manifests", exc)
     try:  # the HTML report beside the record (v1/refs/reports/<record hex>.html)
-        page = store_report(store, record_oid, record, flow_run_url=current_flow_run_url())
+        page = store_report(store, record_oid, record, flow_run_url=current_flow_run_url(),
+                            earlier=None if now is None else now.trend(
+                                record.created_at, TREND_RUNS - 1))
         link = report_link(store, record_oid)
     except Exception as exc:  # noqa: BLE001 - a view of the record must not lose the run
         logger.warning("could not write the HTML report of record %s: %s", record_oid, exc)
@@ -42,7 +51,7 @@ def publish_task(request: PublishRequest) -> RecordResult:
         "report_url_expires": None if expires is None else (
             dt.datetime.now(dt.UTC) + dt.timedelta(seconds=expires)).isoformat(timespec="seconds")})
     try:  # the site's pages this run changes (v1/site/); `evalsnap site` rebuilds them all
-        refresh_site(store, record_oid, record, result, context=page)
+        refresh_site(store, record_oid, record, result, context=page, now=now)
     except Exception as exc:  # noqa: BLE001 - a view of the record must not lose the run
         logger.warning("could not refresh the store's site (v1/site/) for record %s: %s; "
                        "`evalsnap site --store-site` writes it again", record_oid, exc)

@@ -407,3 +407,59 @@ def test_case_history_cells_letter_each_status() -> None:
             for m in re.finditer(r'<tr data-case="(\w+)"[^>]*>(.*?)</tr>', page, re.S)}
     assert rows == {"a": [("PASSED", "P"), ("FAILED", "F~")],
                     "b": [("NOT_EVALUATED", "?"), ("INFORMATIONAL", "I")]}
+
+
+def _trend_view(points: list[dict[str, Any]]) -> list[tuple[str, dict[str, tuple]]]:
+    return [(p["run_id"], {m: (s["units"], s["passed"], s["pass_rate"], s["mean_score"])
+                           for m, s in p["metrics"].items()}) for p in points]
+
+
+def test_the_trend_comes_from_the_site_rows_not_every_manifest(
+        flipped: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 31: a publish's trend and site refresh cost two listings and one read per eval
+    set, not a read of every run's manifest and point (the no-op's requests grew by about
+    two per run kept). The rows are checked against the listed runs: a run no longer listed
+    is left out, a listed run the rows do not name has its manifest read and its row made
+    — and the trend is the one ``history`` reads from the manifests."""
+    from evalsnap.records import repo
+    from evalsnap.reports import _site_data as data
+    from evalsnap.reports.history import history
+    from evalsnap.reports.site import current
+    from storage import Store
+
+    store_dir = tmp_path / "store"
+    shutil.copytree(flipped["store"], store_dir)
+    store = repo.open_store(str(store_dir))
+    cold, strict = flipped["cold"]["run_id"], flipped["strict"]["run_id"]
+    read: list[str] = []
+    get_ref = Store.get_ref
+
+    def counted(self: Store, namespace: str, name: str, *args: Any, **kw: Any) -> Any:
+        read.append(f"{namespace}/{name}")
+        return get_ref(self, namespace, name, *args, **kw)
+
+    monkeypatch.setattr(Store, "get_ref", counted)
+    now = current(store, "shop", publishing="the-next-run")
+    assert now is not None
+    assert [r.run_id for r in now.rows.runs] == [cold, strict]
+    assert not [r for r in read if not r.startswith("site/")], read  # no manifest, no point
+    full = [r for r in now.rows.runs if r.full]
+    assert _trend_view(now.trend("9999", 9)) == _trend_view(history(store, "shop", last=9))
+    assert _trend_view(now.trend(full[0].created_at, 9))[-1][0] == full[0].run_id
+    assert now.trend("9999", 1) == [now.rows.runs[-1].model_dump()]
+
+    # the rows forgot the strict run (its refresh failed): its manifest is read, its row made
+    rows = data.load(store, "shop")
+    assert rows is not None
+    data.save(store, rows.model_copy(update={"runs": [r for r in rows.runs if r.run_id == cold]}))
+    read.clear()
+    again = current(store, "shop", publishing="the-next-run")
+    assert again is not None and [r.run_id for r in again.rows.runs] == [cold, strict]
+    assert f"runs/{strict}" in read and f"runs/{cold}" not in read
+    assert _trend_view(again.trend("9999", 9)) == _trend_view(now.trend("9999", 9))
+
+    # a run whose manifest is gone is not in the trend, whatever the rows say
+    (store_dir / "v1" / "refs" / "runs" / strict).unlink()
+    gone = current(store, "shop", publishing="the-next-run")
+    assert gone is not None and [r.run_id for r in gone.rows.runs] == [cold]
+    assert current(store, "no such set", publishing="x") is None  # the caller reads manifests

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -179,6 +180,48 @@ def with_row(data: SetData | None, eval_set_id: str, row: RunRow) -> SetData:
     rows = [r.model_copy(update={"statuses": {}, "flaky": {}}) if i < old else r
             for i, r in enumerate(rows)]
     return SetData(eval_set_id=eval_set_id, runs=rows)
+
+
+@dataclass(frozen=True)
+class Current:
+    """The site's rows of the store's runs as they are now (:func:`current`): ``rows``, the
+    publishing run's eval set's (without that run), ``others``, every other eval set's."""
+
+    rows: SetData
+    others: list[SetData]
+
+    def trend(self, created_at: str, last: int) -> list[dict[str, Any]]:
+        """The ``last`` newest rows created at or before ``created_at``, oldest first, as
+        the trend's points (a row holds what a history point holds for the trend)."""
+        before = [r for r in self.rows.runs if r.created_at <= created_at]
+        return [r.model_dump() for r in before[max(len(before) - last, 0):]] if last > 0 else []
+
+
+def current(store: Any, eval_set_id: str, *, publishing: str) -> Current | None:
+    """The rows of every eval set, checked against the store's runs: a row whose run is no
+    longer listed is left out; a listed run that no eval set's rows name (published by a
+    run whose refresh failed, an older evalsnap, or another process just now) has its
+    manifest read and, if it is of ``eval_set_id``, its row made from its record. The run
+    ``publishing`` is left out (its row is the caller's). None when ``eval_set_id`` has no
+    usable data yet (the caller reads the manifests instead, as :func:`rebuild` does).
+
+    What a publish pays for its trend and its site: two listings and one read per eval
+    set, not a read of every run's manifest and point (which grew with the runs kept)."""
+    listed = set(store.list_refs("runs"))
+    sets = load_all(store)
+    mine = next((d for d in sets if d.eval_set_id == eval_set_id), None)
+    if mine is None:
+        return None
+    named = {repo.ref_name(r.run_id) for d in sets for r in d.runs}
+    unknown = sorted(listed - named - {repo.ref_name(publishing)})
+    rows = SetData(eval_set_id=eval_set_id,
+                   runs=[r for r in mine.runs if repo.ref_name(r.run_id) in listed
+                         and r.run_id != publishing])
+    if unknown:
+        found = [n for _, n in runs_by_set(store, unknown).get(eval_set_id, [])]
+        for row in rebuild(store, eval_set_id, found).runs:
+            rows = with_row(rows, eval_set_id, row)
+    return Current(rows=rows, others=[d for d in sets if d.eval_set_id != eval_set_id])
 
 
 def rebuild(store: Any, eval_set_id: str, names: list[str] | None = None, *,

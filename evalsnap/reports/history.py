@@ -156,12 +156,12 @@ def run_point(store: Any, record_oid: str, record: EvaluationRecord) -> dict[str
     }
 
 
-def runs_by_set(store: Any) -> dict[str, list[tuple[str, str]]]:
-    """Per eval set, (created_at, run name) of its manifests, oldest first: one listing and
-    one read per manifest, each only parsed (validating a manifest costs ~20 ms at 300
-    cases; only the runs shown are)."""
+def runs_by_set(store: Any, names: list[str] | None = None) -> dict[str, list[tuple[str, str]]]:
+    """Per eval set, (created_at, run name) of its manifests (``names``: of these runs
+    only), oldest first: one listing and one read per manifest, each only parsed
+    (validating a manifest costs ~20 ms at 300 cases; only the runs shown are)."""
     found: dict[str, list[tuple[str, str]]] = {}
-    for name in store.list_refs("runs"):
+    for name in store.list_refs("runs") if names is None else names:
         data = store.get_ref("runs", name)
         try:
             raw = parse_stored(data, what=f"manifest runs/{name}") if data is not None else None

@@ -95,19 +95,22 @@ def report_url(store: Any, record_oid: str) -> str:
 
 
 def store_report(store: Any, record_oid: str, record: EvaluationRecord, *,
-                 flow_run_url: str | None = None, again: bool = False) -> dict[str, Any]:
+                 flow_run_url: str | None = None, again: bool = False,
+                 earlier: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Writes the history point and the page of a record beside it (``v1/refs/reports/
     <record hex>.json`` and ``.html``, the page as ``text/html; charset=utf-8``); returns
     the page's :func:`page_context` (the site's run page is made from it). ``flow_run_url``:
     the Prefect UI's page of the flow run publishing it, kept in the point, so that the
-    page made ``again`` later (``evalsnap report --store-page``) still links it."""
+    page made ``again`` later (``evalsnap report --store-page``) still links it.
+    ``earlier``: the trend's points before this run, oldest first, if known (else read with
+    ``history``)."""
     point = run_point(store, record_oid, record)
     if again and flow_run_url is None:
         flow_run_url = (_saved_point(store, record_oid, record.run_id) or {}).get("flow_run_url")
     if flow_run_url and flow_run_url.startswith(("https://", "http://")):
         point["flow_run_url"] = flow_run_url
     save_point(store, point)
-    context = page_context(store, record_oid, record, current=point)
+    context = page_context(store, record_oid, record, current=point, earlier=earlier)
     store.put_ref(REPORTS, report_name(record_oid), template().render(**context).encode(),
                   content_type="text/html; charset=utf-8")
     return context

@@ -31,12 +31,13 @@ from typing import Any
 
 from evalsnap.records import EvaluationRecord, repo
 from evalsnap.reports import _site_data as data
-from evalsnap.reports._site_data import CASE_RUNS, RunRow, SetData, page_name
+from evalsnap.reports._site_data import CASE_RUNS, Current, RunRow, SetData, current, page_name
 from evalsnap.reports.history import flips, metric_names, runs_by_set
 from evalsnap.reports.html import _dots, duration_text, page_context, template
 from evalsnap.reports.summary_model import RecordResult
 
-__all__ = ["CONTENT_TYPE", "after_gc", "build", "forget", "refresh", "run_pages", "set_pages", "write_dir"]
+__all__ = ["CONTENT_TYPE", "Current", "after_gc", "build", "current", "forget", "refresh",
+           "run_pages", "set_pages", "write_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -173,20 +174,23 @@ def _case_anchor(eval_id: str) -> str:
 
 
 def refresh(store: Any, record_oid: str, record: EvaluationRecord, result: RecordResult,
-            context: dict[str, Any] | None = None) -> dict[str, bytes]:
+            context: dict[str, Any] | None = None,
+            now: Current | None = None) -> dict[str, bytes]:
     """After a run's commit: its row into its eval set's data, then the pages it changes
     (the index, its eval set's pages, its own), written in one batch. ``result``: its
     summary; ``context``: its report's page context, if made already (its page and history
-    point are read once per run). Returns the pages written."""
+    point are read once per run); ``now``: the site's rows as :func:`current` read
+    them for the page's trend, if it did. Returns the pages written."""
     row = data.run_row(store, record_oid, record, result,
                        point=context["point"] if context is not None else None)
-    found = data.load(store, record.eval_set_id)
+    found = now.rows if now is not None else data.load(store, record.eval_set_id)
     rows = data.with_row(found, record.eval_set_id, row) if found is not None else \
         data.rebuild(store, record.eval_set_id, known={record_oid: row})
     if row.run_id not in {r.run_id for r in rows.runs}:  # not listed yet: eventual listing
         rows = data.with_row(rows, record.eval_set_id, row)
     data.save(store, rows)
-    sets = [s for s in data.load_all(store) if s.eval_set_id != rows.eval_set_id] + [rows]
+    others = now.others if now is not None else data.load_all(store)
+    sets = [s for s in others if s.eval_set_id != rows.eval_set_id] + [rows]
     pages = {"index.html": index_page(sorted(sets, key=lambda s: s.eval_set_id)),
              **set_pages(rows), **run_pages(store, record_oid, record, context=context)}
     store.put_site(pages, CONTENT_TYPE)
