@@ -126,6 +126,8 @@ def run_spec(spec: RunSpec, *, storage_options: dict[str, str] | None = None,
     task_runner, dask_address = resolve_runner(spec.task_runner, spec.dask_address)
     spec = spec.model_copy(update={"task_runner": task_runner, "dask_address": dask_address})
     ctx = run_context or context.RunContext(spec.store, storage_options=storage_options)
+    ctx.keeps_summary = True  # the summary's model comes back here, not as JSON data too
+    ctx.summary = None
     if spec.kind == "rescore":
         from flows.rescore import rescore as flow_fn
     else:
@@ -135,7 +137,7 @@ def run_spec(spec: RunSpec, *, storage_options: dict[str, str] | None = None,
     heartbeat = getattr(prefect_settings, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY", None)
     with progress or contextlib.nullcontext(), _no_heartbeat(prefect_settings, heartbeat), \
             context.given(ctx):
-        return flow_result(flow_fn(**spec.flow_parameters(), return_state=True))
+        return flow_result(flow_fn(**spec.flow_parameters(), return_state=True), ctx)
 
 
 #: ``scheme://user:password@`` or ``scheme://user@`` — credentials written into a URL (a
@@ -168,18 +170,23 @@ def check_store_url(url: Any) -> None:
         f"({found.group(1) + url[found.end():]!r}).")
 
 
-def flow_result(state: Any) -> Summary:
+def flow_result(state: Any, ctx: Any = None) -> Summary:
     """The summary a flow run returned (its ``--json`` object, read as its model): also when
     the gate (``fail_on``) made it end Failed, since the flow returns its ``Failed`` state
     with the summary as its data; an exception the flow raised (a typed error) is raised
-    here."""
+    here. With the run's context ``ctx`` (``keeps_summary``), the model the flow left
+    there (the flow returned only the summary's head)."""
+    summary = None
     if state.is_failed():
         from tasks.support import summary_of_failed
 
         summary = summary_of_failed(state.result(raise_on_failure=False))
-        if summary is not None:
-            return RunSummary.model_validate(summary).root
-    return RunSummary.model_validate(state.result()).root
+    if summary is None:
+        summary = state.result()  # raises what the flow raised
+    if ctx is not None and ctx.summary is not None:
+        found, ctx.summary = ctx.summary, None
+        return found  # type: ignore[no-any-return]
+    return RunSummary.model_validate(summary).root
 
 
 @contextlib.contextmanager

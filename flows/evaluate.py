@@ -141,7 +141,7 @@ def evaluate(
         with runners.task_runner_scope(spec.task_runner, spec.dask_address,
                                        ctx.settings) as runner:
             results = [_evaluate(plan, spec.run_options(), runner) for plan in plans]
-        return finish(combined(results), spec.fail_on, plans[0].store_url)
+        return finish(combined(results), spec.fail_on, plans[0].store_url, ctx)
 
 
 def _evaluate(plan: Plan, run: RunOptions, runner: str) -> RecordResult:

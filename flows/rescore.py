@@ -107,4 +107,4 @@ def rescore(
             units = run_scoring(plan.score_requests(run, snapshot_oid), progress)
             result = publish_task(as_data(plan.publish_request(run, snapshot_oid, outcomes, units)))
         progress.advance()  # published
-        return finish(result, spec.fail_on, plan.store_url)
+        return finish(result, spec.fail_on, plan.store_url, ctx)

@@ -333,25 +333,46 @@ def summary_of_failed(data: Any) -> dict[str, Any] | None:
     return data.summary if isinstance(data, GateFailed) else None
 
 
-def finish(result: Summary, fail_on: str, store_url: str) -> Any:
+def finish(result: Summary, fail_on: str, store_url: str, ctx: Any = None) -> Any:
     """The flow's return value once every record is published: ``result`` with its exit
     codes under ``fail_on`` as its ``--json`` object (plain JSON data, as a flow run's result
     is best kept), or Prefect's ``Failed`` state (a one-line message naming what failed, and
     that object as its data's ``summary``: :class:`GateFailed`) when the gate fails.
     Returning the state, rather than raising, keeps the result for the caller
     (:func:`evalsnap.api.run_spec`), is no exception for Prefect to retry, and logs no
-    ERROR or traceback anywhere: a gate failure is a verdict, not a crash."""
+    ERROR or traceback anywhere: a gate failure is a verdict, not a crash.
+
+    When the run's context ``ctx`` says its caller in this process reads the summary from
+    there (``keeps_summary``: the CLI, the Python API), the model is left there and the
+    flow returns only the object's head (:func:`summary_head`): the whole object as JSON
+    data next to its model doubled what a large run holds at its end."""
     from prefect.states import Failed
 
     from evalsnap.reports.regressions import gate
 
     gated, message = gate(result, fail_on)
     emit_run_events(gated, store_url)
-    data = gated.model_dump(mode="json")
+    if ctx is not None and ctx.keeps_summary:
+        ctx.summary = gated
+        data = summary_head(gated)
+    else:
+        data = gated.model_dump(mode="json")
     if message is None:
         return data
     _run_logger().warning("%s", message)  # in the flow run's logs: the UI shows why
     return Failed(message=message, data=GateFailed(message, data))
+
+
+#: What :func:`summary_head` keeps of a summary: what names the run and its verdict.
+_HEAD = ("kind", "run_id", "run_ids", "record_id", "record_ids", "eval_set_id", "eval_set_ids",
+         "complete", "passed", "exit_code", "fail_on")
+
+
+def summary_head(result: Summary) -> dict[str, Any]:
+    """The flow's return value when its caller takes the summary from the run's context:
+    the keys that name the run and its verdict, and where the rest is."""
+    return {**result.model_dump(mode="json", include=set(_HEAD)),
+            "summary": "handed to the caller in this process (evalsnap.api.run_spec)"}
 
 
 def _run_logger() -> Any:

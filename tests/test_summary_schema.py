@@ -85,3 +85,36 @@ def test_a_suite_line_is_the_model(demo: dict[str, Any]) -> None:
     line = suite.model_dump_json()
     assert "fail_on" not in json.loads(line)  # not yet gated
     assert _same_line(line) == suite
+
+
+def test_a_caller_in_this_process_takes_the_model_and_the_flow_returns_its_head(
+        demo: dict[str, Any]) -> None:
+    """Issue 31 (memory): the CLI and the Python API read the summary's model from the run's
+    context; the flow then returns only the object's head instead of the whole object as
+    JSON data a second time (at 10,000 cases ~450 MB next to the model). Called directly
+    (a deployment, a parent flow), it returns the whole object as before."""
+    from evalsnap.api import flow_result
+    from evalsnap.pipeline import context
+    from flows.rescore import rescore
+
+    args = {"run_or_snapshot": demo["cold"].json["run_id"], "store": str(demo["store"]),
+            "config": str(demo["agent"] / "test_config.json"), "reuse": True,
+            "fail_on": "never"}
+    ctx = context.RunContext(str(demo["store"]))
+    ctx.keeps_summary = True
+    with context.given(ctx):
+        state = rescore(**args, return_state=True)
+    head = state.result()
+    model = ctx.summary
+    assert isinstance(model, RecordResult)
+    assert "cases" not in head and "aggregates" not in head and "summary" in head
+    assert head["record_id"] == model.record_id and head["exit_code"] == model.exit_code == 0
+    assert flow_result(state, ctx) is model and ctx.summary is None
+
+    whole = rescore(**args)  # no caller's context: the whole object, as plain data
+    assert isinstance(whole, dict) and len(whole["cases"]) == len(model.cases)
+    mine = model.model_dump(mode="json")
+    drop = {"run_id", "record_id", "report_url", "store_requests", "parent_record", "adk_history_path",
+            "baseline", "regressions", "fixes", "not_compared", "metric_deltas"}
+    assert {k: v for k, v in whole.items() if k not in drop} == \
+        {k: v for k, v in mine.items() if k not in drop}

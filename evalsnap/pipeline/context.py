@@ -104,6 +104,12 @@ class RunContext:
         #: Failures of the run's inference that no retry fixes, by inference fingerprint
         #: (:mod:`evalsnap.pipeline.infer`: a retry of their batch does not run them again).
         self.settled: dict[str, Any] = {}
+        #: Set by the caller in this process that reads the run's summary from here as its
+        #: model (:func:`evalsnap.api.run_spec`): the flow then returns only its head, not a
+        #: second copy of the whole summary as JSON data (at 10,000 cases ~450 MB).
+        self.keeps_summary = False
+        #: The run's summary (the ``--json`` object's model), once the flow finished.
+        self.summary: Any = None
         self._store: Store | None = None
         self._lock = threading.Lock()
 

@@ -363,8 +363,13 @@ def _own_packs(store: Store, units: list[UnitOutcome], run_id: str) -> list[str]
 
 def _inference_packs(store: Store, inf_refs: list[InferenceRef]) -> list[str]:
     """Packs of the run's inference records (their bytes are in memory: read or written by
-    this run), written unless identical ones are there."""
-    members = [("inference", data) for ref in inf_refs
-               if (data := store.remembered("inference", ref.inference_oid)) is not None]
-    built = pack.build_packs(members)
-    return store.put_objects(pack.KIND, [data for data, _ in built]) if built else []
+    this run), written unless identical ones are there: one at a time, each let go once
+    written (a run of 10,000 cases held every pack at once, and a written pack's bytes in
+    the read cache pushed out the records the next pack holds)."""
+    members = (("inference", data) for ref in inf_refs
+               if (data := store.remembered("inference", ref.inference_oid)) is not None)
+    oids: list[str] = []
+    for data, _ in pack.each_pack(members):
+        oids += store.put_objects(pack.KIND, [data])
+        store.let_go(pack.KIND, oids[-1])
+    return oids

@@ -28,7 +28,7 @@ from evalsnap.records._base import parse_stored
 from storage import OBJECT_KINDS, oid_of
 from storage.ids import OID_PATTERN
 
-__all__ = ["KIND", "PACK_BYTES", "PACK_SCHEMA", "build_packs", "read_pack"]
+__all__ = ["KIND", "PACK_BYTES", "PACK_SCHEMA", "build_packs", "each_pack", "read_pack"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +43,12 @@ def build_packs(members: Iterable[tuple[str, bytes]]) -> list[tuple[bytes, set[s
     """The packs holding ``members`` (kind, bytes), in order, each at most about
     :data:`PACK_BYTES`: per pack its bytes and the oids it holds. The same members in the
     same order give the same packs (so a run that changed nothing writes none)."""
-    return list(_packs(members))
+    return list(each_pack(members))
 
 
-def _packs(members: Iterable[tuple[str, bytes]]) -> Iterator[tuple[bytes, set[str]]]:
+def each_pack(members: Iterable[tuple[str, bytes]]) -> Iterator[tuple[bytes, set[str]]]:
+    """:func:`build_packs` one pack at a time: a pack's bytes can be written and let go
+    before the next is built (``members`` is read as the packs are cut)."""
     batch: list[dict[str, str]] = []
     size = 0
     seen: set[tuple[str, str]] = set()
