@@ -49,10 +49,12 @@ def make_agent(workdir: Path, n: int) -> tuple[Path, Path]:
     return agent, evalset
 
 
-def measure(cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
+def measure(cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> dict[str, Any]:
+    """Runs ``cmd`` in ``cwd`` (default: the repository root, whose evalsnap ``python -m``
+    then imports before any ``PYTHONPATH``)."""
     started = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            cwd=ROOT)
+                            cwd=cwd or ROOT)
     out, err = proc.communicate()
     wall = time.monotonic() - started
     # Peak RSS comes from `wrapped`: a fresh wrapper process whose only child is the command.

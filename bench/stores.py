@@ -135,7 +135,9 @@ def _pair(work: Path, agent: Path, evalset: Path, backend: str, latency: float,
                 proxy.reset()
             started = time.monotonic()
             cmd = evalsnap_cmd("run", str(agent), str(evalset), "--store", store, *extra)
-            res = measure(cmd, env)
+            # another checkout's evalsnap runs from that checkout: `python -m` imports
+            # from its working directory first, whatever PYTHONPATH says
+            res = measure(cmd, env, Path(env["PYTHONPATH"]) if "PYTHONPATH" in env else None)
             wall = time.monotonic() - started
             if "run_id" not in res:  # the run failed: say why, once
                 import subprocess
