@@ -446,7 +446,7 @@ def test_the_trend_comes_from_the_site_rows_not_every_manifest(
     full = [r for r in now.rows.runs if r.full]
     assert _trend_view(now.trend("9999", 9)) == _trend_view(history(store, "shop", last=9))
     assert _trend_view(now.trend(full[0].created_at, 9))[-1][0] == full[0].run_id
-    assert now.trend("9999", 1) == [now.rows.runs[-1].model_dump()]
+    assert now.trend("9999", 1) == [now.rows.runs[-1].model_dump(exclude={"statuses", "flaky"})]
 
     # the rows forgot the strict run (its refresh failed): its manifest is read, its row made
     rows = data.load(store, "shop")

@@ -192,9 +192,11 @@ class Current:
 
     def trend(self, created_at: str, last: int) -> list[dict[str, Any]]:
         """The ``last`` newest rows created at or before ``created_at``, oldest first, as
-        the trend's points (a row holds what a history point holds for the trend)."""
+        the trend's points (a row holds what a history point holds for the trend; its case
+        statuses, one per case × metric, are left out)."""
         before = [r for r in self.rows.runs if r.created_at <= created_at]
-        return [r.model_dump() for r in before[max(len(before) - last, 0):]] if last > 0 else []
+        return [r.model_dump(exclude={"statuses", "flaky"})
+                for r in before[max(len(before) - last, 0):]] if last > 0 else []
 
 
 def current(store: Any, eval_set_id: str, *, publishing: str) -> Current | None:
