@@ -126,8 +126,8 @@ def run_spec(spec: RunSpec, *, storage_options: dict[str, str] | None = None,
     task_runner, dask_address = resolve_runner(spec.task_runner, spec.dask_address)
     spec = spec.model_copy(update={"task_runner": task_runner, "dask_address": dask_address})
     ctx = run_context or context.RunContext(spec.store, storage_options=storage_options)
-    ctx.keeps_summary = True  # the summary's model comes back here, not as JSON data too
-    ctx.summary = None
+    # the summary's model comes back in the context (not as JSON data too), for this run only
+    ctx.keeps_summary, ctx.summary = True, None
     if spec.kind == "rescore":
         from flows.rescore import rescore as flow_fn
     else:
@@ -135,9 +135,12 @@ def run_spec(spec: RunSpec, *, storage_options: dict[str, str] | None = None,
     from prefect import settings as prefect_settings
 
     heartbeat = getattr(prefect_settings, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY", None)
-    with progress or contextlib.nullcontext(), _no_heartbeat(prefect_settings, heartbeat), \
-            context.given(ctx):
-        return flow_result(flow_fn(**spec.flow_parameters(), return_state=True), ctx)
+    try:
+        with progress or contextlib.nullcontext(), _no_heartbeat(prefect_settings, heartbeat), \
+                context.given(ctx):
+            return flow_result(flow_fn(**spec.flow_parameters(), return_state=True), ctx)
+    finally:
+        ctx.keeps_summary, ctx.summary = False, None
 
 
 #: ``scheme://user:password@`` or ``scheme://user@`` — credentials written into a URL (a
