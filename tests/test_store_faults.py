@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from evalsnap.records import EvaluationRecord, ManifestEntry, repo
+from evalsnap.records import EvaluationRecord, ManifestEntry, repo, segments
 from storage import Store
 from tests._cli import run_inproc
 from tests.conftest import CliResult, copy_shop
@@ -170,19 +170,40 @@ BAD_ENTRY_METRICS = dict(zip(sorted(BAD_ENTRIES), ["tool_trajectory_avg_score",
                                                    "response_mentions_city"], strict=True))
 
 
+def _as_earlier_layout(store: Path) -> None:
+    """The store as an evalsnap before index segments wrote it: one ref per unit key
+    (``index/unit/<hex>``), no segment; and no ``latest`` pointer, so that a rerun finds
+    its units through the index alone (not through the previous record's hints)."""
+    s = Store(str(store))
+    for name in s.list_refs(segments.NAMESPACE):
+        segment = segments.parse_segment(s.get_ref(segments.NAMESPACE, name) or b"", where=name)
+        for key, oid, complete, run in segment.units:
+            repo.write_index_entry(s, "index/unit", key, {
+                "unit_oid": oid, "run_id": run, "complete": complete,
+                "record_oid": segment.record_oid})
+        if segment.units:
+            s.delete_ref(segments.NAMESPACE, name)
+    shutil.rmtree(_refs(store, "index/evalset"))
+
+
 def test_bad_unit_index_entries_count_as_absent(base: dict[str, Any]) -> None:
+    """Per-key entries an earlier evalsnap wrote are still read: a sound one hands out its
+    unit, a bad one counts as absent (its unit is scored again); a bad segment too."""
     store = _copy(base, "unit-index")
+    _as_earlier_layout(store)
     names = {}
     for fault, metric in BAD_ENTRY_METRICS.items():
         names[metric] = _unit_entry(base, metric)
         (_refs(store, "index/unit") / names[metric]).write_bytes(BAD_ENTRIES[fault])
+    (_refs(store, segments.NAMESPACE) / "units-bad").write_bytes(DEEP)
     verify = run_inproc("verify", "--store", str(store), "--json")
     _typed(verify, 1)
     problems = verify.json["problems"]
-    assert len(problems) == len(BAD_ENTRIES), problems
+    assert len(problems) == len(BAD_ENTRIES) + 1, problems
     for fault, metric in BAD_ENTRY_METRICS.items():
         found = [p for p in problems if p["location"].endswith(f"index/unit/{names[metric]}")]
         assert len(found) == 1 and found[0]["kind"] == "index", (fault, problems)
+    assert [p["kind"] for p in problems if p["location"].endswith("units-bad")] == ["index"]
     warm = _run(base["agent"], str(store), "--reuse")
     _typed(warm, 0)
     assert warm.json["agent_calls"] == 0 and warm.json["scored_units"] == len(BAD_ENTRIES)
@@ -191,8 +212,10 @@ def test_bad_unit_index_entries_count_as_absent(base: dict[str, Any]) -> None:
     assert rescored == set(BAD_ENTRY_METRICS.values())
     for fault, metric in BAD_ENTRY_METRICS.items():
         assert case["metrics"][metric]["why"] == "new", fault
-    # the rescored units replaced the bad entries
-    _typed(run_inproc("verify", "--store", str(store)), 0)
+    # the rescored units are indexed again (a segment), so the next run reuses everything
+    again = _run(base["agent"], str(store), "--reuse")
+    _typed(again, 0)
+    assert again.json["scored_units"] == 0
 
 
 def test_deep_inference_index_entry_is_rebuilt_from_the_committed_record(
@@ -212,12 +235,16 @@ def test_deep_inference_index_entry_is_rebuilt_from_the_committed_record(
     _typed(run_inproc("verify", "--store", str(store)), 0)
 
 
-def test_deep_judge_index_entries_ask_the_judge_again(base: dict[str, Any]) -> None:
+def test_deep_judge_index_segments_ask_the_judge_again(base: dict[str, Any]) -> None:
     store = _copy(base, "judge-index")
-    for entry in _refs(store, "index/judge").iterdir():
+    judge = [p for p in _refs(store, segments.NAMESPACE).iterdir() if p.name.startswith("judge-")]
+    assert judge, "the cold run indexed no judge answer"
+    for entry in judge:
         entry.write_bytes(DEEP)
     # no unit to reuse and no task cache hit: every judge metric looks its samples up
-    shutil.rmtree(_refs(store, "index/unit"))
+    for entry in _refs(store, segments.NAMESPACE).glob("units-*"):
+        entry.unlink()
+    shutil.rmtree(_refs(store, "index/evalset"))
     shutil.rmtree(store / "v1" / "prefect")
     warm = _run(base["agent"], str(store), "--reuse")
     _typed(warm, 0)

@@ -10,12 +10,13 @@ bulk, with the same result the one-by-one reads would give:
   records and judge entries, each checked against its id;
 * one listing per object kind proves those objects are in the store, whole (a bucket
   lists each object's MD5; elsewhere each is read and re-hashed);
-* one listing per index proves each index entry holds exactly the bytes the record implies
-  (same MD5), so the entry says what a read would say.
+* for inferences, one listing of the inference index proves each entry holds exactly the
+  bytes the record implies (same MD5), so the entry says what a read would say; a unit the
+  record names for its key needs no index entry (the record is what the index points at).
 
-What is proved becomes a *hint*: fingerprint → (oid, the entry as the index holds it). A
-fingerprint without a hint is decided the usual way (read the entry, read the object); a
-hint never says more than the store does. Hints live in the store's per-run memo.
+What is proved becomes a *hint*: fingerprint → (oid, the entry). A fingerprint without a
+hint is decided the usual way (the index, then the object); a hint never says more than the
+store does. Hints live in the store's per-run memo.
 """
 
 from __future__ import annotations
@@ -78,6 +79,12 @@ def prime(store: Store, eval_set_id: str) -> Hints:
     proved = {kind: store.prove_objects(kind, {oid: data for (k, oid), data in members.items()
                                                if k == kind})
               for kind in ("unit", "inference", "judge")}
+    # a unit no readable pack holds (a damaged pack, a record older than packs): the record
+    # still names it, so it is read (one concurrent batch) rather than looked up key by key
+    unpacked = [u.unit_oid for u in record.units if u.unit_oid not in proved["unit"]]
+    if unpacked:
+        proved["unit"] |= {oid for oid, got in store.get_objects("unit", unpacked).items()
+                           if isinstance(got, bytes)}
     _prove_units(store, record_oid, record, proved["unit"], hints)
     _prove_inferences(store, record, proved["inference"], hints)
     return hints
@@ -105,7 +112,9 @@ def _pack_members(store: Store, record: EvaluationRecord,
 
 def _prove_units(store: Store, record_oid: str, record: EvaluationRecord, proved: set[str],
                  hints: Hints) -> None:
-    expected: dict[str, tuple[str, str, dict[str, Any]]] = {}
+    """Each unit of the record the store holds intact is a hint: the record names it for
+    its key, as the unit index would (a reused unit only if complete: an incomplete one is
+    never reused, so the record's copy says nothing of it)."""
     for ref in record.units:
         if ref.unit_oid not in proved:
             continue
@@ -115,18 +124,15 @@ def _prove_units(store: Store, record_oid: str, record: EvaluationRecord, proved
             continue
         if unit.unit_fingerprint != ref.unit_fingerprint or (ref.reused and not unit.complete):
             continue
+        # a unit the record recovered from a killed run (reused, from no published record)
+        # is named by this record, as its index entry names it
+        recovered = ref.reused and ref.reused_from_record is None
         entry = {"unit_oid": ref.unit_oid,
-                 "run_id": ref.reused_from_run if ref.reused else record.run_id,
-                 "record_oid": ref.reused_from_record if ref.reused else record_oid,
+                 "run_id": (ref.reused_from_run or unit.run_id) if ref.reused else record.run_id,
+                 "record_oid": record_oid if recovered or not ref.reused
+                 else ref.reused_from_record,
                  "complete": unit.complete}
-        if entry["run_id"] is None or entry["record_oid"] is None:
-            continue
-        expected[repo.hexof(ref.unit_fingerprint)] = (ref.unit_fingerprint, ref.unit_oid, entry)
-    ok = _proved_entries(store, "index/unit", expected)
-    for name in ok:
-        fp, oid, entry = expected[name]
-        hints.units[fp] = (oid, repo.parse_index_entry(
-            "index/unit", repo.index_entry_bytes("index/unit", entry), where=name))
+        hints.units[ref.unit_fingerprint] = (ref.unit_oid, entry)
 
 
 def _prove_inferences(store: Store, record: EvaluationRecord, proved: set[str],

@@ -1,8 +1,8 @@
 """The judge ledger in the store: entries in, the reuse index, answers out.
 
 * ``v1/objects/judge/…``                  one LedgerEntry per judge sample attempt
-* ``v1/refs/index/judge/<hex>``           sha256(request key # sample index) → the entry
-                                          that answered it (only successful, parsed ones)
+* judge index (:mod:`evalsnap.records.segments`): sha256(request key # sample index) → the
+  entry that answered it (only successful, parsed ones), a segment per batch of entries
 """
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ import logging
 from evalsnap.agents.base import now_iso
 from evalsnap.errors import EvalsnapError
 from evalsnap.pipeline.judge import JudgeRecorder, LedgerAnswer, LedgerSource, sample_ref
-from evalsnap.records import FrozenCase, LedgerEntry, MetricRule, repo
+from evalsnap.records import FrozenCase, LedgerEntry, MetricRule, repo, segments
 from storage import Store
 
 logger = logging.getLogger(__name__)
-INDEX = "index/judge"
 
 
 def entries_for(recorder: JudgeRecorder, rule: MetricRule, frozen: FrozenCase,
@@ -43,19 +42,21 @@ def entries_for(recorder: JudgeRecorder, rule: MetricRule, frozen: FrozenCase,
 
 
 def write_entries(store: Store | repo.WriteBatch, entries: list[LedgerEntry]) -> list[str]:
-    """Stores the entries and points the reuse index at each successful, parsed answer
-    (into a :class:`repo.WriteBatch` if given one: written when it is flushed)."""
-    oids = []
+    """Stores the entries and points the judge index at each successful, parsed answer
+    (into a :class:`repo.WriteBatch` if given one: written when it is flushed; else one
+    index segment now)."""
+    oids, indexed = [], []
     for entry in entries:
         oid = store.put(entry) if isinstance(store, repo.WriteBatch) else repo.put(store, entry)
         oids.append(oid)
         # An answer from the ledger is indexed already (by the entry it came from).
         if not entry.failed and entry.source == "model":
-            name, value = sample_ref(entry.request_key, entry.sample_index), {"oid": oid}
-            if isinstance(store, repo.WriteBatch):
-                store.index(INDEX, name, value)
-            else:
-                repo.write_index_entry(store, INDEX, name, value)
+            indexed.append((sample_ref(entry.request_key, entry.sample_index), oid))
+    if isinstance(store, repo.WriteBatch):
+        for name, oid in indexed:
+            store.index_judge(name, oid)
+    elif indexed:
+        segments.write_segment(store, run_id=entries[0].run_id, judge=indexed)
     return oids
 
 
@@ -76,10 +77,9 @@ def reuse_source(store: Store) -> LedgerSource:
     """``--reuse``: any earlier successful answer to the same (request key, sample index)."""
 
     def lookup(key: str, sample: int) -> LedgerAnswer | None:
-        indexed = repo.read_index_entry(store, INDEX, sample_ref(key, sample))
-        if indexed is None:
+        oid = segments.judge_entry(store, sample_ref(key, sample))
+        if oid is None:
             return None
-        oid = indexed["oid"]
         entry = load_entry(store, oid)
         if entry is None or entry.failed or entry.request_key != key \
                 or entry.sample_index != sample:

@@ -305,7 +305,7 @@ def publish(req: PublishRequest, ctx: RunContext, *,
     with ctx.commits.committing():  # a signal waits for the commit to end (evalsnap.cli.signals)
         record_oid = repo.put(store, record)
         repo.index_units(store, [(o.unit_fingerprint, o.complete, o.unit_oid, o.run_id)
-                                 for o in fresh + recovered], record_oid)
+                                 for o in fresh + recovered], record_oid, req.run_id)
         repo.set_latest_record(store, snapshot.eval_set_id, record_oid, req.run_id)
         objects = [ManifestEntry(kind="record", oid=record_oid),
                    ManifestEntry(kind="snapshot", oid=req.snapshot_oid)]

@@ -100,20 +100,29 @@ def why_not_reused(rule: MetricRule, *, reuse: bool, force: bool) -> str | None:
 
 def find_unit(store: Store, ufp: str) -> tuple[str, ScoreUnit, dict[str, Any]] | str:
     """The indexed, verified, complete unit with key ``ufp`` (id, unit, index entry); else
-    why there is none (``"new"`` or ``"incomplete before"``)."""
+    why there is none (``"new"`` or ``"incomplete before"``). The eval set's previous record
+    names it (a hint, proved in bulk), else the unit index: its candidates best first, the
+    first that verifies (a newer one gc removed, or damaged, gives way to an older one)."""
     hint = hints.hints_of(store).units.get(ufp)
-    entry = hint[1] if hint is not None else repo.unit_index_entry(store, ufp)
-    oid = entry.get("unit_oid") if entry else None
-    if not entry or not isinstance(oid, str):
-        return "new"
-    if not entry.get("complete"):
-        return "incomplete before"
-    unit = repo.load_unit(store, oid)
-    if unit is None:
-        return "new"  # damaged or missing: absent
-    if not unit.complete or unit.unit_fingerprint != ufp:
-        return "incomplete before"
-    return oid, unit, entry
+    candidates = [hint[1]] if hint is not None else []
+    if not candidates or not candidates[0].get("complete"):
+        candidates += repo.unit_index_entries(store, ufp)
+    why = "new"
+    for entry in candidates:
+        oid = entry.get("unit_oid")
+        if not isinstance(oid, str):
+            continue
+        if not entry.get("complete"):
+            why = "incomplete before"
+            continue
+        unit = repo.load_unit(store, oid)
+        if unit is None:
+            continue  # damaged or missing: absent
+        if not unit.complete or unit.unit_fingerprint != ufp:
+            why = "incomplete before"
+            continue
+        return oid, unit, entry
+    return why
 
 
 def reusable_unit(store: Store, rule: MetricRule, frozen: FrozenCase, *, reuse: bool,

@@ -23,7 +23,7 @@ from evalsnap.errors import ConfigError
 from evalsnap.pipeline import efficiency, ledger, reuse
 from evalsnap.pipeline.outcomes import UnitOutcome
 from evalsnap.pipeline.unit import not_evaluated, score_unit
-from evalsnap.records import FrozenCase, LedgerEntry, MetricRule, ScoreUnit, pack, repo
+from evalsnap.records import FrozenCase, LedgerEntry, MetricRule, ScoreUnit, pack, repo, segments
 from storage import Store
 
 if TYPE_CHECKING:
@@ -128,6 +128,8 @@ async def score_metric_async(req: ScoreRequest, ctx: RunContext,
     eval_metric = live.eval_metric(rule)
     gate = asyncio.Semaphore(units_in_flight(rule, req.concurrency, ctx.settings))
     judge_source = reuse.judge_answers(store, reuse=req.reuse, force=req.force)
+    # what other tasks indexed since this process first looked (one listing, if it did)
+    segments.refresh(store, only_if_listed=True)
 
     async def one(frozen: FrozenCase) -> UnitOutcome:
         outcome = await unit_of(frozen)
@@ -163,7 +165,7 @@ async def score_metric_async(req: ScoreRequest, ctx: RunContext,
     cases = [c for c in snapshot.cases if wanted is None or c.eval_id in wanted]
     outcomes: list[UnitOutcome] = []
     for start in range(0, len(cases), CHUNK):  # scored, written and packed a chunk at a time
-        writes = repo.WriteBatch(store)
+        writes = repo.WriteBatch(store, req.run_id)
         chunk = list(await asyncio.gather(*(one(c) for c in cases[start:start + CHUNK])))
         written = writes.flush()  # the chunk's new objects together, then the entries
         outcomes += packed(store, chunk, req.run_id, written)

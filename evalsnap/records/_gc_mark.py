@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evalsnap.errors import CorruptRecordError, EvalsnapError, NotFoundError
-from evalsnap.records import RunManifest, repo
+from evalsnap.records import RunManifest, repo, segments
 from evalsnap.records._base import parse_stored
 from evalsnap.records.repo import UNREADABLE_MANIFEST
 from storage import InvalidId, ObjectNotFound, Store
@@ -26,6 +26,8 @@ OID = re.compile(OID_PATTERN.pattern.strip("^$"))
 #: The folders of ``v1/refs/`` that gc never removes a file from, and their kinds:
 #: pins, acceptances and tombstones (:mod:`evalsnap.records.marks`).
 MARKS = {"pins": "pin", "accepted": "accepted", "tombstones": "tombstone"}
+#: The index namespaces: per-key entries (:data:`repo.INDEXES`) and segments.
+INDEX_KINDS = (*repo.INDEXES, segments.NAMESPACE)
 
 @dataclass
 class Listing:
@@ -61,7 +63,7 @@ def classify(files: Iterable[StoredFile]) -> Listing:
         elif parts[1] == "refs" and parts[2] == "runs" and len(parts) == 4:
             out.runs[parts[3]] = f
         elif parts[1] == "refs" and parts[2] == "index" and len(parts) == 5 \
-                and f"index/{parts[3]}" in repo.INDEXES:
+                and f"index/{parts[3]}" in INDEX_KINDS:
             out.refs.append((f"index/{parts[3]}", parts[4], f))
         elif parts[1] == "refs" and parts[2] == "reports" and len(parts) == 4:
             out.refs.append(("report", parts[3], f))
@@ -142,11 +144,13 @@ class Marker:
 
 def ref_target(kind: str, data: bytes | None, where: str) -> set[str] | None:
     """The ids an index entry or Prefect result names; None if it is damaged or not ours."""
-    if kind not in repo.INDEXES and kind != "prefect result":
+    if kind not in INDEX_KINDS and kind != "prefect result":
         return set()
     if data is None:
         return set()  # gone since the listing
     try:
+        if kind == segments.NAMESPACE:
+            return segments.parse_segment(data, where=where).oids() or None
         if kind == "prefect result":
             record = parse_stored(data, what=where)
             result = record.get("result") if isinstance(record, dict) else None
@@ -171,7 +175,7 @@ def read_ref(store: Store, kind: str, name: str) -> bytes | None:
     try:
         if kind == "prefect result":
             return store.get_task_result(name)
-        return store.get_ref(kind, name) if kind in repo.INDEXES else b""
+        return store.get_ref(kind, name) if kind in INDEX_KINDS else b""
     except InvalidId:
         return b"\0"
 

@@ -57,8 +57,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from evalsnap.errors import CorruptRecordError, UsageError
-from evalsnap.records import RunManifest, marks, repo
+from evalsnap.records import RunManifest, marks, repo, segments
 from evalsnap.records._gc_mark import (
+    INDEX_KINDS,
     MARKS,
     Listing,
     Marker,
@@ -92,11 +93,11 @@ may hide a writer that started after gc read it."""
 _REPORT = re.compile(r"^([0-9a-f]{64})\.(?:html|json)$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 #: Rows of the table, in this order. ``other`` files are left alone.
-KINDS = ("run", "record", "snapshot", "inference", "unit", "judge", "pack", *repo.INDEXES,
+KINDS = ("run", "record", "snapshot", "inference", "unit", "judge", "pack", *INDEX_KINDS,
          "prefect result", "report", "adk history", *MARKS.values(), "temporary file")
-_WAITING = (*repo.INDEXES, "prefect result")
+_WAITING = (*INDEX_KINDS, "prefect result")
 _OBJECTS = ("record", "snapshot", "unit", "judge", "inference", "pack")
-_DELETE_ORDER = ("run", *repo.INDEXES, "prefect result", "report", "adk history",
+_DELETE_ORDER = ("run", *INDEX_KINDS, "prefect result", "report", "adk history",
                  "temporary file", "record", "pack", "snapshot", "unit", "judge", "inference")
 
 
@@ -379,7 +380,9 @@ class _Gc:
             elif kind in MARKS.values():
                 keep = True  # pins, acceptances and tombstones are never removed
             else:
-                keep = kind == "index/evalset" or bool(named and named <= marked)
+                # a segment indexes many units: kept while it names any object kept
+                keep = kind == "index/evalset" or bool(named and (
+                    named & marked if kind == segments.NAMESPACE else named <= marked))
             # a running run may reuse through an index or cached result: they wait too
             self._count(kind, f, keep, defer=kind in _WAITING and waiting)
         for f in self.listing.temporary:
@@ -413,7 +416,7 @@ class _Gc:
                     stopped = True
                     _defer(count, files[start:])
                     break
-                if not self.dry_run and (kind in repo.INDEXES or kind == "prefect result"):
+                if not self.dry_run and (kind in INDEX_KINDS or kind == "prefect result"):
                     batch = _unchanged(self.store, kind, batch, before, count)
                 if batch and not self.dry_run:
                     gone = delete_files(self.store, batch, unless_freshened=kind in _OBJECTS)

@@ -5,9 +5,12 @@ Layout (under the store URL, see README "Store layout"):
 * ``v1/objects/<kind>/…``            content-addressed, write-once records
 * ``v1/refs/runs/<run_id>``           run manifests (written last)
 * ``v1/refs/index/inference/<hex>``   inference fingerprint → latest successful record
-* ``v1/refs/index/unit/<hex>``        unit fingerprint → latest complete unit
+* ``v1/refs/index/segments/<name>``   unit fingerprint → latest complete unit, judge request
+                                      key # sample → the ledger entry answering it: one
+                                      segment per batch (:mod:`evalsnap.records.segments`;
+                                      ``index/unit|judge/<hex>``, one ref per key, are what
+                                      earlier versions wrote, still read)
 * ``v1/refs/index/evalset/<id>``      eval set → latest record (parent of the next)
-* ``v1/refs/index/judge/<hex>``       judge request key # sample → the ledger entry answering it
 * ``v1/refs/accepted|pins|tombstones/…``  marks of runs (:mod:`evalsnap.records.marks`)
 
 Every read goes through one parse (:func:`evalsnap.records._base.parse_stored`), so stored
@@ -45,6 +48,7 @@ from evalsnap.records import (
     Snapshot,
     StoredModel,
     UnitVerdict,
+    segments,
 )
 from evalsnap.records._base import first_problem, parse_stored
 from storage import CorruptObjectError, ObjectNotFound, Store, TooLarge
@@ -84,14 +88,15 @@ def put(store: Store, record: StoredModel) -> str:
 
 
 class WriteBatch:
-    """Objects and index entries written together (one concurrent batch per kind on a
-    bucket, objects before the entries that name them) instead of one request at a time
-    from inside an event loop. Nothing is visible before :meth:`flush`."""
+    """Objects and judge index entries written together (one concurrent batch per kind on a
+    bucket, objects before the index segment that names them) instead of one request at a
+    time from inside an event loop. Nothing is visible before :meth:`flush`."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, run_id: str) -> None:
         self.store = store
+        self.run_id = run_id
         self._objects: dict[str, dict[str, bytes]] = {}
-        self._refs: dict[str, dict[str, bytes]] = {}
+        self._judge: list[tuple[str, str]] = []
         self._lock = threading.Lock()
 
     def put(self, record: StoredModel) -> str:
@@ -102,20 +107,21 @@ class WriteBatch:
         self.store.remember(record.KIND, oid, data)
         return oid
 
-    def index(self, namespace: str, name: str, value: dict[str, Any]) -> None:
-        data = index_entry_bytes(namespace, value)
+    def index_judge(self, sample: str, oid: str) -> None:
+        """Judge sample ``sample`` is answered by ledger entry ``oid`` (see
+        :mod:`evalsnap.records.segments`)."""
         with self._lock:
-            self._refs.setdefault(namespace, {})[name] = data
+            self._judge.append((sample, oid))
 
     def flush(self) -> dict[str, dict[str, bytes]]:
         """Writes what the batch holds; returns the objects it wrote (kind → oid → bytes)."""
         with self._lock:
-            objects, refs = self._objects, self._refs
-            self._objects, self._refs = {}, {}
+            objects, judge = self._objects, self._judge
+            self._objects, self._judge = {}, []
         for kind, items in objects.items():
             self.store.put_objects(kind, list(items.values()))
-        for namespace, entries in refs.items():
-            self.store.put_refs(namespace, entries)
+        if judge:
+            segments.write_segment(self.store, run_id=self.run_id, judge=judge)
         return objects
 
 
@@ -343,8 +349,16 @@ def index_inference(store: Store, record: InferenceRecord, oid: str) -> None:
 
 # ---- unit index ------------------------------------------------------------------------------
 
+def unit_index_entries(store: Store, unit_fingerprint: str) -> list[dict[str, Any]]:
+    """The unit index's candidates for a unit key, best first (newest complete, then newest
+    incomplete; :mod:`evalsnap.records.segments`)."""
+    return segments.unit_entries(store, hexof(unit_fingerprint))
+
+
 def unit_index_entry(store: Store, unit_fingerprint: str) -> dict[str, Any] | None:
-    return read_index_entry(store, "index/unit", hexof(unit_fingerprint))
+    """The unit index's best entry for a unit key, if any."""
+    found = unit_index_entries(store, unit_fingerprint)
+    return found[0] if found else None
 
 
 def load_unit(store: Store, oid: str) -> ScoreUnit | None:
@@ -357,18 +371,14 @@ def load_unit(store: Store, oid: str) -> ScoreUnit | None:
         return None
 
 
-def index_units(store: Store, items: list[tuple[str, bool, str, str]], record_oid: str) -> None:
-    """Points each unit key (fingerprint, complete, unit oid, run id) at this result, in one
-    batch of writes; the current entries of incomplete ones are read first (in one batch),
-    so an incomplete unit never replaces a complete one."""
-    names = {hexof(fp): (fp, complete, oid, run) for fp, complete, oid, run in items}
-    incomplete = [name for name, (_, complete, _, _) in names.items() if not complete]
-    keep = {name for name, data in store.get_refs("index/unit", incomplete).items()
-            if (_usable_entry("index/unit", name, data) or {}).get("complete")}
-    store.put_refs("index/unit", {
-        name: index_entry_bytes("index/unit", {"unit_oid": oid, "run_id": run,
-                                               "record_oid": record_oid, "complete": complete})
-        for name, (_, complete, oid, run) in names.items() if name not in keep})
+def index_units(store: Store, items: list[tuple[str, bool, str, str]], record_oid: str,
+                run_id: str) -> None:
+    """Points each unit key (fingerprint, complete, unit oid, run id) at this result: one
+    index segment written by run ``run_id`` (an incomplete unit never hides a complete one:
+    :mod:`evalsnap.records.segments` prefers complete ones, so nothing is read first)."""
+    segments.write_segment(store, run_id=run_id, record_oid=record_oid,
+                           units=[(hexof(fp), oid, complete, run)
+                                  for fp, complete, oid, run in items])
 
 
 # ---- runs, records, eval set history ---------------------------------------------------------

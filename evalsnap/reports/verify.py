@@ -8,7 +8,7 @@ Six passes, each reporting findings instead of stopping at the first one:
 3. Every ref under ``runs/`` is read as a manifest: its checksum must hold, every object it
    lists must exist and be sound, and its record's links (snapshot, inference, units, judge
    ledger entries) must resolve to sound objects of the right kind.
-4. Every index entry must parse as an entry of its index (a bad one is harmless, it counts
+4. Every index entry and segment must parse as one of its index (a bad one is harmless, it counts
    as absent, but it is damage all the same).
 5. Every cached Prefect task result (``v1/prefect/``) must be a result record evalsnap wrote
    (:mod:`evalsnap.records.task_results`): an empty or unreadable one is only a cache entry
@@ -41,6 +41,7 @@ from evalsnap.records import (
     marks,
     pack,
     repo,
+    segments,
 )
 from evalsnap.records.task_results import record_value
 from evalsnap.reports.history import REPORTS
@@ -268,14 +269,17 @@ _NO_REPAIR = ("it cannot be written again byte for byte (an agent's inference, a
 
 
 def _check_indexes(store: Store, report: VerifyReport) -> None:
-    for namespace in repo.INDEXES:
+    for namespace in (*repo.INDEXES, segments.NAMESPACE):
         for name in store.list_refs(namespace):
             report.index_entries += 1
             try:
                 data = store.get_ref(namespace, name)
                 if data is None:
                     continue  # replaced or removed since the listing: nothing to check
-                repo.parse_index_entry(namespace, data, where=f"{namespace}/{name}")
+                if namespace == segments.NAMESPACE:
+                    segments.parse_segment(data, where=f"{namespace}/{name}")
+                else:
+                    repo.parse_index_entry(namespace, data, where=f"{namespace}/{name}")
             except (CorruptRecordError, TooLarge) as exc:
                 url = f"{store.url.rstrip('/')}/v1/refs/{namespace}/{name}"
                 report.findings.append(Finding("index", url, str(exc)))

@@ -1,0 +1,279 @@
+"""Index segments: a batch's index entries in one ref, not one ref per key.
+
+The unit and judge indexes (which complete unit answers a unit key, which ledger entry
+answers a judge sample) were one small ref per key: 1,942 of a 210-case cold run's 4,904
+requests on a bucket, which bills and waits per request. They are now written as
+*segments*: one immutable ref per batch (a publish's new units, a scoring chunk's judge
+answers), named by its content, under ``v1/refs/index/segments/``::
+
+    {"schema": "evalsnap.index-segment/1", "run_id": ..., "record_oid": ... | null,
+     "created_at": ..., "units": [[key hex, unit oid, complete, run id | null], ...],
+     "judge": [[sample ref, entry oid], ...]}
+
+A run lists the segments once, when it first looks a key up, and reads them together (a
+scoring task lists again when it starts, for what was written since); a segment it writes
+itself is known at once. Lookups then cost no request. Which entry answers a key is what the
+per-key refs said: the newest complete unit, an incomplete one only if no complete one is
+indexed (so an incomplete unit never hides a complete one, and no entry has to be read
+before one is written); the newest judge answer. Candidates come best first, so a unit gc
+removed falls back to an older one.
+
+Like every index, a segment is a hint: one that does not parse or has the wrong shape counts
+as absent (logged; ``verify`` reports it) and costs recomputation, never a wrong result — the
+reuse authority verifies every object a hint names. The per-key refs of stores written by
+earlier versions (``v1/refs/index/unit|judge/<key>``) are still read, after the segments,
+for the keys one listing shows there.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from evalsnap.errors import CorruptRecordError
+from evalsnap.records._base import parse_stored
+from storage import Store, TooLarge
+from storage.ids import OID_PATTERN
+
+__all__ = ["NAMESPACE", "SCHEMA", "judge_entry", "parse_segment", "refresh", "unit_entries",
+           "write_segment"]
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "index/segments"
+SCHEMA = "evalsnap.index-segment/1"
+#: Entries of one segment at most (a 30,000-case cold run writes several, each read whole).
+SEGMENT_ENTRIES = 20_000
+_MEMO = "index segments"
+_ADVICE = ("it counts as absent (what it indexes is computed again); delete it, or let "
+           "`evalsnap gc` remove it")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A parsed segment."""
+
+    run_id: str
+    record_oid: str | None
+    created_at: str
+    units: list[tuple[str, str, bool, str]]
+    """(key hex, unit oid, complete, run id) per unit."""
+    judge: list[tuple[str, str]]
+    """(sample ref, ledger entry oid) per judge answer."""
+
+    def oids(self) -> set[str]:
+        """Every object id it names (what gc keeps it for)."""
+        named = {oid for _, oid, _, _ in self.units} | {oid for _, oid in self.judge}
+        return named | ({self.record_oid} if self.record_oid else set())
+
+
+def _is_hex(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(
+        c in "0123456789abcdef" for c in value)
+
+
+def _is_oid(value: Any) -> bool:
+    return isinstance(value, str) and bool(OID_PATTERN.match(value))
+
+
+def parse_segment(data: bytes, *, where: str) -> Segment:
+    """The segment ``data``; ``CorruptRecordError`` if it is not one, exactly as written."""
+    raw = parse_stored(data, what=f"index segment {where}", advice=_ADVICE)
+
+    def bad(why: str) -> CorruptRecordError:
+        return CorruptRecordError(f"index segment {where} is not an {SCHEMA} segment ({why}); "
+                                  f"{_ADVICE}.")
+
+    if not isinstance(raw, dict) or raw.get("schema") != SCHEMA:
+        raise bad("no such schema")
+    run_id, record_oid, created = raw.get("run_id"), raw.get("record_oid"), raw.get("created_at")
+    if not isinstance(run_id, str) or not isinstance(created, str) \
+            or not (record_oid is None or _is_oid(record_oid)):
+        raise bad("run_id, record_oid or created_at")
+    units_raw, judge_raw = raw.get("units", []), raw.get("judge", [])
+    if not isinstance(units_raw, list) or not isinstance(judge_raw, list):
+        raise bad("units and judge must be lists")
+    units: list[tuple[str, str, bool, str]] = []
+    for item in units_raw:
+        if not (isinstance(item, list) and len(item) == 4 and _is_hex(item[0])
+                and _is_oid(item[1]) and isinstance(item[2], bool)
+                and (item[3] is None or isinstance(item[3], str))):
+            raise bad(f"unit entry {str(item)[:80]}")
+        units.append((item[0], item[1], item[2], item[3] or run_id))
+    judge: list[tuple[str, str]] = []
+    for item in judge_raw:
+        if not (isinstance(item, list) and len(item) == 2 and _is_hex(item[0])
+                and _is_oid(item[1])):
+            raise bad(f"judge entry {str(item)[:80]}")
+        judge.append((item[0], item[1]))
+    return Segment(run_id, record_oid, created, units, judge)
+
+
+def _encode(run_id: str, record_oid: str | None, created_at: str,
+            units: list[list[Any]], judge: list[list[str]]) -> bytes:
+    body: dict[str, Any] = {"schema": SCHEMA, "run_id": run_id, "record_oid": record_oid,
+                            "created_at": created_at}
+    if units:
+        body["units"] = units
+    if judge:
+        body["judge"] = judge
+    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+
+
+def write_segment(store: Store, *, run_id: str, record_oid: str | None = None,
+                  units: Sequence[tuple[str, str, bool, str]] = (),
+                  judge: Sequence[tuple[str, str]] = ()) -> list[str]:
+    """Writes the entries as segments (one concurrent batch on a bucket; several segments
+    only past :data:`SEGMENT_ENTRIES`) and makes them known to this store's lookups at once.
+    ``units``: (key hex, unit oid, complete, run id); ``judge``: (sample ref, entry oid).
+    Returns the segments' names."""
+    created = dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
+    unit_rows = [[key, oid, complete, None if run == run_id else run]
+                 for key, oid, complete, run in units]
+    judge_rows = [[name, oid] for name, oid in judge]
+    pages: dict[str, bytes] = {}
+    for start in range(0, max(len(unit_rows), len(judge_rows)), SEGMENT_ENTRIES):
+        data = _encode(run_id, record_oid, created, unit_rows[start:start + SEGMENT_ENTRIES],
+                       judge_rows[start:start + SEGMENT_ENTRIES])
+        prefix = "units" if unit_rows else "judge"
+        pages[f"{prefix}-{hashlib.sha256(data).hexdigest()}"] = data
+    if not pages:
+        return []
+    store.put_refs(NAMESPACE, pages)
+    catalog = _catalog(store)
+    for name, data in pages.items():
+        catalog.add(name, parse_segment(data, where=f"{NAMESPACE}/{name}"))
+    return list(pages)
+
+
+# ---- lookups ---------------------------------------------------------------------------------
+
+def _order(segment: Segment, name: str) -> tuple[str, str]:
+    return (segment.created_at, name)
+
+
+@dataclass
+class _Catalog:
+    """What this store instance knows of the segments (in its per-run memo)."""
+
+    listed: bool = False
+    seen: set[str] = field(default_factory=set)
+    units: dict[str, list[tuple[tuple[str, str], bool, dict[str, Any]]]] = \
+        field(default_factory=dict)
+    judge: dict[str, tuple[tuple[str, str], str]] = field(default_factory=dict)
+    legacy: dict[str, set[str]] | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, name: str, segment: Segment) -> None:
+        with self.lock:
+            if name in self.seen:
+                return
+            self.seen.add(name)
+            order = _order(segment, name)
+            for key, oid, complete, run in segment.units:
+                # the record that indexed it: a unit recovered from a killed run (its own
+                # run published nothing) is named by the record that recovered it
+                entry = {"unit_oid": oid, "run_id": run, "complete": complete,
+                         "record_oid": segment.record_oid}
+                found = self.units.setdefault(key, [])
+                found.append((order, complete, entry))
+                # complete before incomplete, then newest first
+                found.sort(key=lambda c: (c[1], c[0]), reverse=True)
+                del found[4:]
+            for ref, oid in segment.judge:
+                old = self.judge.get(ref)
+                if old is None or old[0] < order:
+                    self.judge[ref] = (order, oid)
+
+
+def _catalog(store: Store) -> _Catalog:
+    found = store.run_memo.get(_MEMO)
+    if not isinstance(found, _Catalog):
+        found = store.run_memo.setdefault(_MEMO, _Catalog())
+    return found  # type: ignore[no-any-return]
+
+
+def refresh(store: Store, *, only_if_listed: bool = False) -> None:
+    """Lists the segments and reads those this store instance has not seen (one listing,
+    then one concurrent batch of reads). ``only_if_listed``: only if it listed them before
+    in this run (a scoring task refreshes what an earlier lookup loaded; it never loads)."""
+    catalog = _catalog(store)
+    if only_if_listed and not catalog.listed:
+        return
+    names = [n for n in store.list_refs(NAMESPACE) if n not in catalog.seen]
+    for name, data in store.get_refs(NAMESPACE, names).items():
+        if data is None:
+            continue  # removed since the listing
+        try:
+            if isinstance(data, TooLarge):
+                raise data
+            catalog.add(name, parse_segment(data, where=f"{NAMESPACE}/{name}"))
+        except (CorruptRecordError, TooLarge) as exc:
+            logger.warning("%s", exc)
+            with catalog.lock:
+                catalog.seen.add(name)
+    catalog.listed = True
+
+
+def _loaded(store: Store) -> _Catalog:
+    catalog = _catalog(store)
+    if not catalog.listed:
+        with _LOAD_LOCK:
+            if not catalog.listed:
+                refresh(store)
+    return catalog
+
+
+_LOAD_LOCK = threading.Lock()
+
+
+def _legacy(store: Store, namespace: str, name: str) -> bytes | None | TooLarge:
+    """The per-key ref ``namespace/name`` an earlier evalsnap wrote, if one listing (taken
+    once per run) shows it; else None without a request."""
+    catalog = _catalog(store)
+    with _LOAD_LOCK:
+        if catalog.legacy is None:
+            catalog.legacy = {}
+        if namespace not in catalog.legacy:
+            catalog.legacy[namespace] = set(store.list_refs(namespace))
+    if name not in catalog.legacy[namespace]:
+        return None
+    try:
+        return store.get_ref(namespace, name)
+    except TooLarge as exc:
+        return exc
+
+
+def unit_entries(store: Store, key_hex: str) -> list[dict[str, Any]]:
+    """The unit index's candidates for ``key_hex``, best first (see the module's rules):
+    each ``{"unit_oid", "run_id", "record_oid", "complete"}``."""
+    catalog = _loaded(store)
+    with catalog.lock:
+        found = [dict(entry) for _, _, entry in catalog.units.get(key_hex, [])]
+    if found and found[0]["complete"]:
+        return found
+    from evalsnap.records import repo
+
+    entry = repo._usable_entry("index/unit", key_hex, _legacy(store, "index/unit", key_hex))
+    if entry is None:
+        return found
+    return [entry, *found] if entry.get("complete") else [*found, entry]
+
+
+def judge_entry(store: Store, ref: str) -> str | None:
+    """The ledger entry oid the judge index names for sample ``ref``, if any."""
+    catalog = _loaded(store)
+    with catalog.lock:
+        found = catalog.judge.get(ref)
+    if found is not None:
+        return found[1]
+    from evalsnap.records import repo
+
+    entry = repo._usable_entry("index/judge", ref, _legacy(store, "index/judge", ref))
+    return str(entry["oid"]) if entry else None
