@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict
 from evalsnap.agents.base import now_iso
 from evalsnap.fingerprint import case_fingerprint
 from evalsnap.pipeline.outcomes import InferenceOutcome
-from evalsnap.records import FrozenCase, MetricRule, Snapshot, repo
+from evalsnap.records import FrozenCase, MetricRule, Snapshot, pack, repo
 from storage import Store
 
 
@@ -25,6 +25,19 @@ class FreezeRequest(BaseModel):
     rules: list[MetricRule]
     outcomes: list[InferenceOutcome]
     app_name: str
+
+
+def _inference_packs(store: Store, cases: list[FrozenCase]) -> list[str]:
+    """The cases' inference records written as packs (their bytes are in memory: read or
+    written by this run), one at a time, each let go once written: a scoring process reads
+    these few packs instead of a record per case, and publish names them in the record."""
+    members = (("inference", store.get_object("inference", oid))
+               for oid in dict.fromkeys(c.inference_oid for c in cases))
+    oids: list[str] = []
+    for data, _ in pack.each_pack(members):
+        oids += store.put_objects(pack.KIND, [data])
+        store.let_go(pack.KIND, oids[-1])
+    return oids
 
 
 def freeze(req: FreezeRequest, store: Store) -> str:
@@ -45,7 +58,8 @@ def freeze(req: FreezeRequest, store: Store) -> str:
                 reference=reference, case_fingerprint=case_fingerprint(record, reference)))
     snapshot = Snapshot(eval_set_id=eval_set.eval_set_id, eval_set_name=eval_set.name,
                         app_name=req.app_name, adk_version=ADK_VERSION, cases=cases,
-                        rules=req.rules, created_at=now_iso())
+                        rules=req.rules, packs=_inference_packs(store, cases),
+                        created_at=now_iso())
     oid = repo.put(store, snapshot)
     store.flush()
     return oid

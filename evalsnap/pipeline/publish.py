@@ -287,7 +287,9 @@ def publish(req: PublishRequest, ctx: RunContext, *,
         reused_judge_samples=sum(o.reused_judge_samples for o in fresh),
         **token_summary(inf_refs, agent_unreported, judge_by_model, judge_unreported,
                         judge_calls, req.prices))
-    packs = unit_packs + _inference_packs(store, inf_refs)
+    frozen = {c.inference_oid for c in snapshot.cases}
+    packs = unit_packs + (snapshot.packs if snapshot.packs and all(
+        i.inference_oid in frozen for i in inf_refs) else _inference_packs(store, inf_refs))
     record = EvaluationRecord(
         run_id=req.run_id, kind=req.kind, eval_set_id=snapshot.eval_set_id,  # type: ignore[arg-type]
         app_name=snapshot.app_name, snapshot_oid=req.snapshot_oid, parent_record=parent_oid,

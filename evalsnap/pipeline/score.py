@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import sys
 import threading
 from collections.abc import Callable
@@ -19,16 +20,27 @@ from pydantic import BaseModel, ConfigDict
 
 from evalsnap.adk.config import LoadedConfig, resolve_config
 from evalsnap.deadlines import metric_timeout
-from evalsnap.errors import ConfigError
+from evalsnap.errors import ConfigError, EvalsnapError
 from evalsnap.pipeline import efficiency, ledger, reuse
 from evalsnap.pipeline.outcomes import UnitOutcome
 from evalsnap.pipeline.unit import not_evaluated, score_unit
-from evalsnap.records import FrozenCase, LedgerEntry, MetricRule, ScoreUnit, pack, repo, segments
+from evalsnap.records import (
+    FrozenCase,
+    LedgerEntry,
+    MetricRule,
+    ScoreUnit,
+    Snapshot,
+    pack,
+    repo,
+    segments,
+)
 from storage import Store
 
 if TYPE_CHECKING:
     from evalsnap.pipeline.context import RunContext
     from evalsnap.settings import Settings
+
+logger = logging.getLogger(__name__)
 
 
 class ScoreRequest(BaseModel):
@@ -117,6 +129,7 @@ async def score_metric_async(req: ScoreRequest, ctx: RunContext,
     import_agent(req.agent_dir, req.agent_name)
     store = ctx.store
     snapshot = repo.get_snapshot(store, req.snapshot_oid)
+    frozen_inferences(store, req.snapshot_oid, snapshot, req.case_ids)
     rule = snapshot.rule(req.metric_name)
     live = live_config(req.config_json, req.config_where)
     live_rule = next((r for r in live.rules if r.metric_name == req.metric_name), None)
@@ -174,6 +187,41 @@ async def score_metric_async(req: ScoreRequest, ctx: RunContext,
 
 #: Units of one metric scored, written and packed at a time: what a metric task holds.
 CHUNK = 2000
+_PRIMED = "score.inference packs read"
+_PRIMED_LOCK = threading.Lock()
+
+
+def frozen_inferences(store: Store, snapshot_oid: str, snapshot: Snapshot,
+                      case_ids: list[str] | None) -> None:
+    """The inference records the snapshot's cases name, from its packs (a few reads) when
+    this process does not hold them yet (a scoring process; the flow's own process read or
+    wrote them): once per process and snapshot. The packs are this run's, written by freeze
+    from records it had just read or written; each member is checked against its id."""
+    wanted = set(case_ids) if case_ids is not None else None
+    with _PRIMED_LOCK:
+        done = store.run_memo.setdefault(_PRIMED, set())
+        if not snapshot.packs or snapshot_oid in done or all(
+                store.remembered("inference", c.inference_oid) is not None
+                for c in snapshot.cases if wanted is None or c.eval_id in wanted):
+            return
+        done.add(snapshot_oid)
+        for start in range(0, len(snapshot.packs), PACK_BATCH):
+            got = store.get_objects(pack.KIND, snapshot.packs[start:start + PACK_BATCH])
+            for pack_oid, data in got.items():
+                try:
+                    members = pack.read_pack(data, where=pack_oid) \
+                        if isinstance(data, bytes) else {}
+                except EvalsnapError as exc:  # each record is then read on its own
+                    logger.warning("%s", exc)
+                    continue
+                store.let_go(pack.KIND, pack_oid)
+                for (kind, oid), body in members.items():
+                    if kind == "inference":
+                        store.written_elsewhere(kind, oid, body)
+
+
+#: Packs read at once by :func:`frozen_inferences` (their bytes are what it holds at a time).
+PACK_BATCH = 8
 
 
 def packed(store: Store, outcomes: list[UnitOutcome], run_id: str,

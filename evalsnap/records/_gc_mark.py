@@ -99,7 +99,10 @@ def _links(kind: str, raw: Any) -> tuple[set[str], str | None]:
         path = raw.get("adk_history_path")
         return {o for o in named if isinstance(o, str)}, path if isinstance(path, str) else None
     if kind == "snapshot":
-        return {o for c in raw.get("cases") or [] if isinstance(o := get(c, "inference_oid"), str)}, None
+        packs = raw.get("packs")  # copies of its inference records
+        return {o for c in raw.get("cases") or [] if isinstance(o := get(c, "inference_oid"), str)
+                } | ({p for p in packs if isinstance(p, str)} if isinstance(packs, list)
+                     else set()), None
     if kind == "unit":
         return {o for o in raw.get("ledger") or [] if isinstance(o, str)}, None
     if kind == "judge":

@@ -76,6 +76,9 @@ class Snapshot(StoredModel):
     """Frozen cases, in eval set order."""
     rules: list[MetricRule]
     """Resolved scoring rules, in config order."""
+    packs: list[str] = []
+    """Packs holding copies of the cases' inference records (:mod:`evalsnap.records.pack`),
+    so that a scoring process reads a few packs, not a record per case."""
     created_at: str = ""
     """UTC ISO timestamp: VOLATILE, never stored."""
 
