@@ -12,7 +12,7 @@ answers), named by its content, under ``v1/refs/index/segments/``::
 
 A run lists the segments once, when it first looks a key up, and reads them together (a
 scoring task lists again when it starts, for what was written since); a segment it writes
-itself is known at once. Lookups then cost no request. Which entry answers a key is what the
+after that is known at once. Lookups then cost no request. Which entry answers a key is what the
 per-key refs said: the newest complete unit, an incomplete one only if no complete one is
 indexed (so an incomplete unit never hides a complete one, and no entry has to be read
 before one is written); the newest judge answer. Candidates come best first, so a unit gc
@@ -147,8 +147,13 @@ def write_segment(store: Store, *, run_id: str, record_oid: str | None = None,
         return []
     store.put_refs(NAMESPACE, pages)
     catalog = _catalog(store)
-    for name, data in pages.items():
-        catalog.add(name, parse_segment(data, where=f"{NAMESPACE}/{name}"))
+    with catalog.lock:
+        listed = catalog.listed
+        if not listed:  # parsed by the first lookup, if one comes (a publish's never does)
+            catalog.pending.update(pages)
+    if listed:
+        for name, data in pages.items():
+            catalog.add(name, parse_segment(data, where=f"{NAMESPACE}/{name}"))
     return list(pages)
 
 
@@ -168,6 +173,8 @@ class _Catalog:
         field(default_factory=dict)
     judge: dict[str, tuple[tuple[str, str], str]] = field(default_factory=dict)
     legacy: dict[str, set[str]] | None = None
+    pending: dict[str, bytes] = field(default_factory=dict)
+    """Segments this instance wrote before it listed them (name → bytes)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, name: str, segment: Segment) -> None:
@@ -207,7 +214,11 @@ def refresh(store: Store, *, only_if_listed: bool = False) -> None:
     if only_if_listed and not catalog.listed:
         return
     names = [n for n in store.list_refs(NAMESPACE) if n not in catalog.seen]
-    for name, data in store.get_refs(NAMESPACE, names).items():
+    with catalog.lock:
+        pending, catalog.pending = catalog.pending, {}
+    got: dict[str, bytes | None | TooLarge] = dict(pending)
+    got.update(store.get_refs(NAMESPACE, [n for n in names if n not in pending]))
+    for name, data in got.items():
         if data is None:
             continue  # removed since the listing
         try:
@@ -218,7 +229,11 @@ def refresh(store: Store, *, only_if_listed: bool = False) -> None:
             logger.warning("%s", exc)
             with catalog.lock:
                 catalog.seen.add(name)
-    catalog.listed = True
+    with catalog.lock:
+        late, catalog.pending = catalog.pending, {}
+        catalog.listed = True
+    for name, data in late.items():  # written while this listing was read
+        catalog.add(name, parse_segment(data, where=f"{NAMESPACE}/{name}"))
 
 
 def _loaded(store: Store) -> _Catalog:

@@ -1,0 +1,106 @@
+"""Issue 31: the unit and judge indexes as segments (``evalsnap/records/segments.py``).
+
+A segment is one ref per batch of index entries; which entry answers a key is what the
+per-key refs said (newest complete unit, an incomplete one only when no complete one is
+indexed; newest judge answer), a bad segment counts as absent, the per-key refs of earlier
+stores are still read, and one store instance sees what another wrote once it refreshes.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from evalsnap.errors import CorruptRecordError
+from evalsnap.records import repo, segments
+from storage import Store
+
+KEY = "a" * 64
+OTHER = "b" * 64
+
+
+def _oid(n: int) -> str:
+    return f"sha256:{n:064x}"
+
+
+def _store(path: Path) -> Store:
+    store = Store(str(path))
+    store.new_run()
+    return store
+
+
+def test_an_incomplete_unit_never_hides_a_complete_one_and_the_newest_complete_wins(
+        tmp_path: Path) -> None:
+    writer = _store(tmp_path)
+    segments.write_segment(writer, run_id="r1", record_oid=_oid(90),
+                           units=[(KEY, _oid(1), True, "r1")])
+    time.sleep(0.01)
+    segments.write_segment(writer, run_id="r2", record_oid=_oid(91),
+                           units=[(KEY, _oid(2), False, "r2"), (OTHER, _oid(3), False, "r2")])
+    reader = _store(tmp_path)
+    found = segments.unit_entries(reader, KEY)
+    assert [e["unit_oid"] for e in found] == [_oid(1), _oid(2)]  # complete first, then incomplete
+    assert found[0] == {"unit_oid": _oid(1), "run_id": "r1", "record_oid": _oid(90),
+                        "complete": True}
+    assert [e["complete"] for e in segments.unit_entries(reader, OTHER)] == [False]
+    assert segments.unit_entries(reader, "c" * 64) == []
+
+    time.sleep(0.01)
+    segments.write_segment(writer, run_id="r3", record_oid=_oid(92),
+                           units=[(KEY, _oid(4), True, "r3")])
+    # a lookup answers from memory until the instance refreshes (a scoring task's start)
+    assert segments.unit_entries(reader, KEY)[0]["unit_oid"] == _oid(1)
+    segments.refresh(reader, only_if_listed=True)
+    assert [e["unit_oid"] for e in segments.unit_entries(reader, KEY)] == [
+        _oid(4), _oid(1), _oid(2)]
+
+
+def test_lookups_cost_one_listing_and_one_read_per_segment_then_nothing(tmp_path: Path) -> None:
+    writer = _store(tmp_path)
+    for n in range(3):
+        segments.write_segment(writer, run_id=f"r{n}", judge=[(f"{n:064x}", _oid(n))])
+    reader = _store(tmp_path)
+    before = reader.requests.snapshot()
+    assert [segments.judge_entry(reader, f"{n:064x}") for n in range(3)] == [
+        _oid(0), _oid(1), _oid(2)]
+    assert segments.judge_entry(reader, "f" * 64) is None
+    after = reader.requests.snapshot()
+    assert after["get"] - before["get"] == 3  # each segment once; the misses cost nothing more
+    assert after["list"] - before["list"] == 2  # the segments, and the per-key refs of old stores
+
+
+def test_what_an_instance_writes_before_it_looks_is_seen_by_its_first_lookup(
+        tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    segments.write_segment(store, run_id="r1", units=[(KEY, _oid(1), True, "r1")])
+    assert segments.unit_entries(store, KEY)[0]["unit_oid"] == _oid(1)
+
+
+@pytest.mark.parametrize("bad", [b"[" * 30000 + b"]" * 30000, b"{}", b'{"schema": "x"}',
+                                 b'{"schema": "evalsnap.index-segment/1", "run_id": "r", '
+                                 b'"created_at": "t", "units": [["zz", 1, true, null]]}'])
+def test_a_bad_segment_counts_as_absent_and_the_others_still_answer(
+        tmp_path: Path, bad: bytes) -> None:
+    writer = _store(tmp_path)
+    segments.write_segment(writer, run_id="r1", units=[(KEY, _oid(1), True, "r1")])
+    writer.put_ref(segments.NAMESPACE, "units-bad", bad)
+    with pytest.raises(CorruptRecordError, match="index segment"):
+        segments.parse_segment(bad, where="units-bad")
+    reader = _store(tmp_path)
+    assert [e["unit_oid"] for e in segments.unit_entries(reader, KEY)] == [_oid(1)]
+
+
+def test_per_key_refs_of_an_earlier_store_are_still_read(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    repo.write_index_entry(store, "index/unit", KEY, {
+        "unit_oid": _oid(1), "run_id": "old", "record_oid": _oid(9), "complete": True})
+    repo.write_index_entry(store, "index/judge", OTHER, {"oid": _oid(2)})
+    store.put_ref("index/unit", OTHER, b"{not json")
+    # a newer incomplete unit in a segment does not hide the earlier complete one
+    segments.write_segment(store, run_id="new", units=[(KEY, _oid(3), False, "new")])
+    reader = _store(tmp_path)
+    assert [e["unit_oid"] for e in segments.unit_entries(reader, KEY)] == [_oid(1), _oid(3)]
+    assert segments.judge_entry(reader, OTHER) == _oid(2)
+    assert segments.unit_entries(reader, OTHER) == []  # the bad entry: absent
