@@ -69,6 +69,12 @@ def test_lookups_cost_one_listing_and_one_read_per_segment_then_nothing(tmp_path
     after = reader.requests.snapshot()
     assert after["get"] - before["get"] == 3  # each segment once; the misses cost nothing more
     assert after["list"] - before["list"] == 2  # the segments, and the per-key refs of old stores
+    # a unit lookup reads the unit segments only (a no-op run never reads the judge's)
+    segments.write_segment(writer, run_id="r9", units=[(KEY, _oid(9), True, "r9")])
+    units_reader = _store(tmp_path)
+    before = units_reader.requests.snapshot()
+    assert segments.unit_entries(units_reader, KEY)[0]["unit_oid"] == _oid(9)
+    assert units_reader.requests.snapshot()["get"] - before["get"] == 1
 
 
 def test_what_an_instance_writes_before_it_looks_is_seen_by_its_first_lookup(

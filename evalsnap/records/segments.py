@@ -10,12 +10,13 @@ answers), named by its content, under ``v1/refs/index/segments/``::
      "created_at": ..., "units": [[key hex, unit oid, complete, run id | null], ...],
      "judge": [[sample ref, entry oid], ...]}
 
-A run lists the segments once, when it first looks a key up, and reads them together (a
-scoring task lists again when it starts, for what was written since); a segment it writes
-after that is known at once. Lookups then cost no request. Which entry answers a key is what the
-per-key refs said: the newest complete unit, an incomplete one only if no complete one is
-indexed (so an incomplete unit never hides a complete one, and no entry has to be read
-before one is written); the newest judge answer. Candidates come best first, so a unit gc
+A run lists the segments once, when it first looks a key of a kind up, and reads that
+kind's segments together (``units-…`` or ``judge-…``; a scoring task lists again when it
+starts, for what was written since); a segment it writes itself is known to its lookups.
+Lookups then cost no request. Which entry answers a key is what the per-key refs said: the
+newest complete unit, an incomplete one only if no complete one is indexed (so an
+incomplete unit never hides a complete one, and no entry has to be read before one is
+written); the newest judge answer. Candidates come best first, so a unit gc
 removed falls back to an older one.
 
 Like every index, a segment is a hint: one that does not parse or has the wrong shape counts
@@ -129,35 +130,44 @@ def _encode(run_id: str, record_oid: str | None, created_at: str,
 def write_segment(store: Store, *, run_id: str, record_oid: str | None = None,
                   units: Sequence[tuple[str, str, bool, str]] = (),
                   judge: Sequence[tuple[str, str]] = ()) -> list[str]:
-    """Writes the entries as segments (one concurrent batch on a bucket; several segments
-    only past :data:`SEGMENT_ENTRIES`) and makes them known to this store's lookups at once.
-    ``units``: (key hex, unit oid, complete, run id); ``judge``: (sample ref, entry oid).
-    Returns the segments' names."""
+    """Writes the entries as segments (one concurrent batch on a bucket; a segment of units
+    and one of judge answers, more only past :data:`SEGMENT_ENTRIES` each), known to this
+    store's later lookups. ``units``: (key hex, unit oid, complete, run id); ``judge``:
+    (sample ref, entry oid). Returns the segments' names."""
     created = dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
     unit_rows = [[key, oid, complete, None if run == run_id else run]
                  for key, oid, complete, run in units]
     judge_rows = [[name, oid] for name, oid in judge]
     pages: dict[str, bytes] = {}
-    for start in range(0, max(len(unit_rows), len(judge_rows)), SEGMENT_ENTRIES):
-        data = _encode(run_id, record_oid, created, unit_rows[start:start + SEGMENT_ENTRIES],
-                       judge_rows[start:start + SEGMENT_ENTRIES])
-        prefix = "units" if unit_rows else "judge"
-        pages[f"{prefix}-{hashlib.sha256(data).hexdigest()}"] = data
+    for start in range(0, len(unit_rows), SEGMENT_ENTRIES):
+        data = _encode(run_id, record_oid, created, unit_rows[start:start + SEGMENT_ENTRIES], [])
+        pages[f"{UNITS}-{hashlib.sha256(data).hexdigest()}"] = data
+    for start in range(0, len(judge_rows), SEGMENT_ENTRIES):
+        data = _encode(run_id, record_oid, created, [], judge_rows[start:start + SEGMENT_ENTRIES])
+        pages[f"{JUDGE}-{hashlib.sha256(data).hexdigest()}"] = data
     if not pages:
         return []
     store.put_refs(NAMESPACE, pages)
     catalog = _catalog(store)
-    with catalog.lock:
-        listed = catalog.listed
-        if not listed:  # parsed by the first lookup, if one comes (a publish's never does)
-            catalog.pending.update(pages)
-    if listed:
-        for name, data in pages.items():
+    for name, data in pages.items():
+        with catalog.lock:
+            loaded = _prefix(name) in catalog.loaded
+            if not loaded:  # parsed if a lookup of its kind comes (after a publish, none does)
+                catalog.pending[name] = data
+        if loaded:
             catalog.add(name, parse_segment(data, where=f"{NAMESPACE}/{name}"))
     return list(pages)
 
 
 # ---- lookups ---------------------------------------------------------------------------------
+
+#: Name prefixes of the segments of units and of judge answers: a lookup reads only its kind's.
+UNITS, JUDGE = "units", "judge"
+
+
+def _prefix(name: str) -> str:
+    return name.split("-", 1)[0]
+
 
 def _order(segment: Segment, name: str) -> tuple[str, str]:
     return (segment.created_at, name)
@@ -167,14 +177,15 @@ def _order(segment: Segment, name: str) -> tuple[str, str]:
 class _Catalog:
     """What this store instance knows of the segments (in its per-run memo)."""
 
-    listed: bool = False
+    loaded: set[str] = field(default_factory=set)
+    """The prefixes whose segments were listed and read (:data:`UNITS`, :data:`JUDGE`)."""
     seen: set[str] = field(default_factory=set)
     units: dict[str, list[tuple[tuple[str, str], bool, dict[str, Any]]]] = \
         field(default_factory=dict)
     judge: dict[str, tuple[tuple[str, str], str]] = field(default_factory=dict)
     legacy: dict[str, set[str]] | None = None
     pending: dict[str, bytes] = field(default_factory=dict)
-    """Segments this instance wrote before it listed them (name → bytes)."""
+    """Segments this instance wrote before it read their kind's (name → bytes)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, name: str, segment: Segment) -> None:
@@ -206,18 +217,26 @@ def _catalog(store: Store) -> _Catalog:
     return found  # type: ignore[no-any-return]
 
 
-def refresh(store: Store, *, only_if_listed: bool = False) -> None:
-    """Lists the segments and reads those this store instance has not seen (one listing,
-    then one concurrent batch of reads). ``only_if_listed``: only if it listed them before
-    in this run (a scoring task refreshes what an earlier lookup loaded; it never loads)."""
+def refresh(store: Store, *, only_if_listed: bool = False,
+            prefixes: tuple[str, ...] = (UNITS, JUDGE)) -> None:
+    """Lists the segments and reads those of ``prefixes`` this store instance has not seen
+    (one listing, then one concurrent batch of reads). ``only_if_listed``: only the kinds
+    it read before in this run (a scoring task refreshes what an earlier lookup loaded)."""
     catalog = _catalog(store)
-    if only_if_listed and not catalog.listed:
-        return
-    names = [n for n in store.list_refs(NAMESPACE) if n not in catalog.seen]
     with catalog.lock:
-        pending, catalog.pending = catalog.pending, {}
+        kinds = {p for p in prefixes if not only_if_listed or p in catalog.loaded}
+    if not kinds:
+        return
+    names = [n for n in store.list_refs(NAMESPACE)
+             if _prefix(n) in kinds and n not in catalog.seen]
+    with catalog.lock:
+        pending = {n: d for n, d in catalog.pending.items() if _prefix(n) in kinds}
     got: dict[str, bytes | None | TooLarge] = dict(pending)
     got.update(store.get_refs(NAMESPACE, [n for n in names if n not in pending]))
+    with catalog.lock:  # from now on this instance's new segments of these kinds are added
+        catalog.loaded |= kinds
+        got.update({n: catalog.pending.pop(n) for n in list(catalog.pending)
+                    if _prefix(n) in kinds})
     for name, data in got.items():
         if data is None:
             continue  # removed since the listing
@@ -229,19 +248,14 @@ def refresh(store: Store, *, only_if_listed: bool = False) -> None:
             logger.warning("%s", exc)
             with catalog.lock:
                 catalog.seen.add(name)
-    with catalog.lock:
-        late, catalog.pending = catalog.pending, {}
-        catalog.listed = True
-    for name, data in late.items():  # written while this listing was read
-        catalog.add(name, parse_segment(data, where=f"{NAMESPACE}/{name}"))
 
 
-def _loaded(store: Store) -> _Catalog:
+def _loaded(store: Store, prefix: str) -> _Catalog:
     catalog = _catalog(store)
-    if not catalog.listed:
+    if prefix not in catalog.loaded:
         with _LOAD_LOCK:
-            if not catalog.listed:
-                refresh(store)
+            if prefix not in catalog.loaded:
+                refresh(store, prefixes=(prefix,))
     return catalog
 
 
@@ -268,7 +282,7 @@ def _legacy(store: Store, namespace: str, name: str) -> bytes | None | TooLarge:
 def unit_entries(store: Store, key_hex: str) -> list[dict[str, Any]]:
     """The unit index's candidates for ``key_hex``, best first (see the module's rules):
     each ``{"unit_oid", "run_id", "record_oid", "complete"}``."""
-    catalog = _loaded(store)
+    catalog = _loaded(store, UNITS)
     with catalog.lock:
         found = [dict(entry) for _, _, entry in catalog.units.get(key_hex, [])]
     if found and found[0]["complete"]:
@@ -283,7 +297,7 @@ def unit_entries(store: Store, key_hex: str) -> list[dict[str, Any]]:
 
 def judge_entry(store: Store, ref: str) -> str | None:
     """The ledger entry oid the judge index names for sample ``ref``, if any."""
-    catalog = _loaded(store)
+    catalog = _loaded(store, JUDGE)
     with catalog.lock:
         found = catalog.judge.get(ref)
     if found is not None:
