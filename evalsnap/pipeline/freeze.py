@@ -31,13 +31,8 @@ def _inference_packs(store: Store, cases: list[FrozenCase]) -> list[str]:
     """The cases' inference records written as packs (their bytes are in memory: read or
     written by this run), one at a time, each let go once written: a scoring process reads
     these few packs instead of a record per case, and publish names them in the record."""
-    members = (("inference", store.get_object("inference", oid))
-               for oid in dict.fromkeys(c.inference_oid for c in cases))
-    oids: list[str] = []
-    for data, _ in pack.each_pack(members):
-        oids += store.put_objects(pack.KIND, [data])
-        store.let_go(pack.KIND, oids[-1])
-    return oids
+    return pack.write_packs(store, (("inference", store.get_object("inference", oid))
+                                    for oid in dict.fromkeys(c.inference_oid for c in cases)))
 
 
 def freeze(req: FreezeRequest, store: Store) -> str:

@@ -335,11 +335,6 @@ def _gated(store: Store, record: EvaluationRecord) -> EvaluationRecord:
         update={"passed": passed})})
 
 
-#: Packs read at once by :func:`_own_packs` (concurrent reads on a bucket; the batch's bytes
-#: are what it holds at a time).
-PACK_BATCH = 8
-
-
 def _own_packs(store: Store, units: list[UnitOutcome], run_id: str) -> list[str]:
     """The packs the units name, in first-seen order; the packs this run's scoring tasks
     wrote (perhaps in a scoring process) are read now, a batch at a time, so that what
@@ -348,18 +343,10 @@ def _own_packs(store: Store, units: list[UnitOutcome], run_id: str) -> list[str]
     bytes go to the read cache (as many as it holds), not the packs' own."""
     names = list(dict.fromkeys(p for o in units for p in o.packs))
     own = list(dict.fromkeys(p for o in units if o.run_id == run_id for p in o.packs))
-    for start in range(0, len(own), PACK_BATCH):
-        for pack_oid, got in store.get_objects(pack.KIND, own[start:start + PACK_BATCH]).items():
-            try:
-                members = pack.read_pack(got, where=pack_oid) if isinstance(got, bytes) else {}
-            except EvalsnapError as exc:
-                logger.warning("%s", exc)
-                continue
-            store.let_go(pack.KIND, pack_oid)
-            for (kind, oid), data in members.items():
-                if kind == "unit":
-                    repo.remember_verdict(store, oid, data)
-                store.written_elsewhere(kind, oid, data)
+    for kind, oid, data in pack.members_of(store, own):
+        if kind == "unit":
+            repo.remember_verdict(store, oid, data)
+        store.written_elsewhere(kind, oid, data)
     return names
 
 
@@ -370,8 +357,4 @@ def _inference_packs(store: Store, inf_refs: list[InferenceRef]) -> list[str]:
     the read cache pushed out the records the next pack holds)."""
     members = (("inference", data) for ref in inf_refs
                if (data := store.remembered("inference", ref.inference_oid)) is not None)
-    oids: list[str] = []
-    for data, _ in pack.each_pack(members):
-        oids += store.put_objects(pack.KIND, [data])
-        store.let_go(pack.KIND, oids[-1])
-    return oids
+    return pack.write_packs(store, members)

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from evalsnap.adk.config import LoadedConfig, resolve_config
 from evalsnap.deadlines import metric_timeout
-from evalsnap.errors import ConfigError, EvalsnapError
+from evalsnap.errors import ConfigError
 from evalsnap.pipeline import efficiency, ledger, reuse
 from evalsnap.pipeline.outcomes import UnitOutcome
 from evalsnap.pipeline.unit import not_evaluated, score_unit
@@ -205,23 +205,11 @@ def frozen_inferences(store: Store, snapshot_oid: str, snapshot: Snapshot,
                 for c in snapshot.cases if wanted is None or c.eval_id in wanted):
             return
         done.add(snapshot_oid)
-        for start in range(0, len(snapshot.packs), PACK_BATCH):
-            got = store.get_objects(pack.KIND, snapshot.packs[start:start + PACK_BATCH])
-            for pack_oid, data in got.items():
-                try:
-                    members = pack.read_pack(data, where=pack_oid) \
-                        if isinstance(data, bytes) else {}
-                except EvalsnapError as exc:  # each record is then read on its own
-                    logger.warning("%s", exc)
-                    continue
-                store.let_go(pack.KIND, pack_oid)
-                for (kind, oid), body in members.items():
-                    if kind == "inference":
-                        store.written_elsewhere(kind, oid, body)
+        for kind, oid, body in pack.members_of(store, snapshot.packs):
+            if kind == "inference":
+                store.written_elsewhere(kind, oid, body)
 
 
-#: Packs read at once by :func:`frozen_inferences` (their bytes are what it holds at a time).
-PACK_BATCH = 8
 
 
 def packed(store: Store, outcomes: list[UnitOutcome], run_id: str,

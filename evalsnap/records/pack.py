@@ -22,13 +22,18 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from evalsnap.errors import CorruptRecordError
 from evalsnap.records._base import parse_stored
 from storage import OBJECT_KINDS, oid_of
 from storage.ids import OID_PATTERN
 
-__all__ = ["KIND", "PACK_BYTES", "PACK_SCHEMA", "build_packs", "each_pack", "read_pack"]
+if TYPE_CHECKING:
+    from storage import Store
+
+__all__ = ["KIND", "PACK_BYTES", "PACK_SCHEMA", "build_packs", "each_pack", "members_of",
+           "read_pack", "write_packs"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,3 +100,34 @@ def read_pack(data: bytes, *, where: str) -> dict[tuple[str, str], bytes]:
             continue
         out[(kind, oid)] = body
     return out
+
+
+#: Packs read at once by :func:`members_of` (concurrent reads on a bucket; the batch's bytes
+#: are what it holds at a time).
+PACK_BATCH = 8
+
+
+def members_of(store: Store, pack_oids: list[str]) -> Iterator[tuple[str, str, bytes]]:
+    """(kind, oid, bytes) of every member of the packs, read :data:`PACK_BATCH` at a time,
+    each pack let go of once read; a pack that cannot be read is skipped (logged: what it
+    holds is then read object by object)."""
+    for start in range(0, len(pack_oids), PACK_BATCH):
+        for pack_oid, got in store.get_objects(KIND, pack_oids[start:start + PACK_BATCH]).items():
+            try:
+                members = read_pack(got, where=pack_oid) if isinstance(got, bytes) else {}
+            except CorruptRecordError as exc:
+                logger.warning("%s", exc)
+                continue
+            store.let_go(KIND, pack_oid)
+            for (kind, oid), data in members.items():
+                yield kind, oid, data
+
+
+def write_packs(store: Store, members: Iterable[tuple[str, bytes]]) -> list[str]:
+    """Writes ``members`` as packs (:func:`each_pack`), one at a time, each let go of once
+    written; returns their oids."""
+    oids: list[str] = []
+    for data, _ in each_pack(members):
+        oids += store.put_objects(KIND, [data])
+        store.let_go(KIND, oids[-1])
+    return oids
