@@ -118,3 +118,68 @@ def test_a_caller_in_this_process_takes_the_model_and_the_flow_returns_its_head(
             "baseline", "regressions", "fixes", "not_compared", "metric_deltas"}
     assert {k: v for k, v in whole.items() if k not in drop} == \
         {k: v for k, v in mine.items() if k not in drop}
+
+
+def test_a_runs_summary_holds_its_rows_as_json_and_writes_the_same_line(
+        demo: dict[str, Any]) -> None:
+    """Issue 31 (memory): a run's summary keeps each case's and each aggregate's row as its
+    JSON (:class:`Rows`: at 10,000 cases ~60 MB against ~400 MB of models); the rows read as
+    the list they were, and the ``--json`` line written a row at a time is the model's."""
+    import io
+    import pickle
+
+    from evalsnap.pipeline import context
+    from evalsnap.records import EvaluationRecord, repo
+    from evalsnap.reports.summary import summary
+    from evalsnap.reports.summary_model import Aggregate, CaseResult, Rows, write_json
+
+    record_oid = demo["cold"].json["record_id"]
+    store = context.RunContext.open(str(demo["store"])).store
+    result = summary(store, record_oid, repo.get(store, EvaluationRecord, record_oid))
+    assert isinstance(result.cases, Rows) and isinstance(result.aggregates, Rows)
+    as_lists = RecordResult.model_validate_json(result.model_dump_json())
+    assert isinstance(as_lists.cases, list) and len(as_lists.cases) == len(result.cases) > 1
+    assert result.cases == as_lists.cases and result.aggregates == as_lists.aggregates
+    assert list(result.cases) == as_lists.cases and result.cases[-1] == as_lists.cases[-1]
+    assert result.cases[1:3] == as_lists.cases[1:3]
+    assert all(isinstance(c, CaseResult) for c in result.cases)
+    assert all(isinstance(a, Aggregate) for a in result.aggregates)
+    assert result.model_dump() == as_lists.model_dump()
+    assert result.model_dump(mode="json") == as_lists.model_dump(mode="json")
+    written = io.StringIO()
+    write_json(result, written)
+    assert written.getvalue() == as_lists.model_dump_json() == result.model_dump_json()
+    assert pickle.loads(pickle.dumps(result)) == result
+    changed = as_lists.model_copy(update={"cases": as_lists.cases[:-1]})
+    assert result.cases != changed.cases
+
+
+def test_rows_read_as_a_list() -> None:
+    from evalsnap.reports.summary_model import MetricResult, Rows
+
+    models = [MetricResult(status="PASSED", score=s) for s in (0.5, 1.0, 0.25)]
+    rows = Rows(MetricResult, models)
+    assert len(rows) == 3 and rows[0] == models[0] and rows[-1] == models[-1]
+    assert rows[::2] == models[::2] and list(rows) == models and rows == models
+    assert rows != models[:2] and rows != "abc" and not Rows(MetricResult)
+    assert rows.json_items()[1] == models[1].model_dump_json().encode()
+    with pytest.raises(IndexError):
+        rows[3]
+    assert repr(rows) == "Rows[MetricResult](3 rows)"
+
+
+def test_strings_a_record_repeats_are_held_once() -> None:
+    """Issue 31 (memory): a record of 10,000 cases × 7 metrics names each rule's fingerprint
+    10,000 times; parsed, each is one string in memory, not one per unit."""
+    from evalsnap.records.record import UnitRef
+
+    def ref(eval_id: str) -> dict[str, Any]:
+        return {"eval_id": eval_id, "repetition": 0, "metric_name": "m" * 20,
+                "unit_oid": "sha256:" + "a" * 64, "unit_fingerprint": "sha256:" + "b" * 64,
+                "case_fingerprint": "sha256:" + "c" * 64, "rule_fingerprint": "sha256:" + "d" * 64,
+                "reused": False, "why": "new"}
+
+    one, two = (UnitRef.model_validate_json(json.dumps(ref(e))) for e in ("case-1", "case-2"))
+    assert one.rule_fingerprint is two.rule_fingerprint
+    assert one.case_fingerprint is two.case_fingerprint and one.metric_name is two.metric_name
+    assert one.unit_oid == two.unit_oid

@@ -19,7 +19,7 @@ from rich.markup import escape
 from evalsnap import errors, exitcodes
 from evalsnap.records import repo
 from evalsnap.reports.summary import score_table, summary
-from evalsnap.reports.summary_model import Summary
+from evalsnap.reports.summary_model import Summary, write_json
 from evalsnap.spec import RunSpec
 
 app: typer.Typer = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -149,8 +149,10 @@ def crash_message(exc: BaseException, published: list[Any] | None = None) -> Non
 
 def _emit(result: Summary, as_json: bool) -> None:
     if as_json:
-        # straight from the model: no dict of the whole run (70,000 units: 400 MB) on the way
-        sys.stdout.write(result.model_dump_json() + "\n")
+        # straight from the model, a row at a time: no dict of the whole run (70,000 units:
+        # 400 MB), nor one string of it, on the way
+        write_json(result, sys.stdout)
+        sys.stdout.write("\n")
         sys.stdout.flush()
     else:
         from evalsnap.reports.suite import parts

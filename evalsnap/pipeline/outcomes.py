@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from evalsnap.records._base import CaseRepetition
+from evalsnap.records._base import CaseRepetition, Shared
 from evalsnap.records.record import TokenCounts, UnitKey
 
 
@@ -34,10 +34,10 @@ class UnitOutcome(UnitKey):
     """Tokens of this run's live judge calls for the unit, by model."""
     judge_unreported: int = 0
     """This run's live judge calls for the unit that reported no token usage."""
-    run_id: str
+    run_id: Shared
     """The run that scored the unit."""
-    reused_from_record: str | None = None
-    why: str
-    packs: list[str] = Field(default_factory=list)
+    reused_from_record: Shared | None = None
+    why: Shared
+    packs: list[Shared] = Field(default_factory=list)
     """Packs holding a copy of the unit (and its judge entries): what the record names so
     that the next run reads a few packs instead of every object."""

@@ -9,9 +9,10 @@ nesting too deep to parse, a number too long, bigger than the reader allows) is 
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar, Self
+import sys
+from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 
 from evalsnap.errors import CorruptRecordError, UnsupportedSchemaVersion
 from evalsnap.jsonsafe import strict_json
@@ -51,6 +52,12 @@ def _not_json(what: str, reason: str, advice: str) -> CorruptRecordError:
     return CorruptRecordError(f"{what} is not valid JSON ({reason}); {advice}.")
 
 
+Shared = Annotated[str, AfterValidator(sys.intern)]
+"""A string that many values of a run repeat (an eval id, a metric name, a rule's or a
+case's fingerprint, a run id): one copy of it in memory, not one per value (a record of
+10,000 cases × 7 metrics names each rule's fingerprint 10,000 times)."""
+
+
 class FrozenModel(BaseModel):
     """A strict, immutable value: a field it does not declare is an error."""
 
@@ -60,7 +67,7 @@ class FrozenModel(BaseModel):
 class CaseRepetition(FrozenModel):
     """A value about one case × repetition: these two fields come first."""
 
-    eval_id: str
+    eval_id: Shared
     repetition: int = 0
 
 

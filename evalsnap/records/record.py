@@ -8,29 +8,29 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from evalsnap.exitcodes import FailOn
-from evalsnap.records._base import CaseRepetition, FrozenModel, StoredModel
+from evalsnap.records._base import CaseRepetition, FrozenModel, Shared, StoredModel
 
 
 class UnitKey(CaseRepetition):
     """A scored unit: its case × repetition and metric, where it lives and its fingerprints
     (the first fields of a record's unit and of what a scoring task returns)."""
 
-    metric_name: str
+    metric_name: Shared
     unit_oid: str
     unit_fingerprint: str
-    case_fingerprint: str
-    rule_fingerprint: str
+    case_fingerprint: Shared
+    rule_fingerprint: Shared
 
 
 class UnitRef(UnitKey):
     """A unit in a record: where its result lives and why it was (re)computed."""
 
     reused: bool
-    reused_from_run: str | None = None
+    reused_from_run: Shared | None = None
     """Run that scored the unit, when reused."""
-    reused_from_record: str | None = None
+    reused_from_record: Shared | None = None
     """Record that published it, when reused."""
-    why: str
+    why: Shared
     """Why scored: ``new``, ``forced``, ``reuse not requested``, ``reference changed``,
     ``rule changed``, ``evaluator version changed``, ``inference changed``,
     ``incomplete before``, ``no trusted version``; or ``reused``."""

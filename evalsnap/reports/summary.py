@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,7 +12,7 @@ from evalsnap import exitcodes
 from evalsnap.aggregates import aggregates, gate_passed, record_gate
 from evalsnap.records import EvaluationRecord, InferenceRef, ScoreUnit, UnitRef, UnitVerdict, repo
 from evalsnap.records.record import TokenCounts
-from evalsnap.reports.summary_model import CaseResult, MetricResult, RecordResult, as_record
+from evalsnap.reports.summary_model import Aggregate, CaseResult, MetricResult, RecordResult, Rows, as_record
 
 # The codes by their old names, for the modules that still import them from here.
 EXIT_OK, EXIT_QUALITY, EXIT_USAGE, EXIT_INCOMPLETE = (int(c) for c in (
@@ -49,14 +50,20 @@ def summary(store: Any, record_oid: str, record: EvaluationRecord,
     for inf in record.inference:
         cases[(inf.eval_id, inf.repetition)] = {
             "eval_id": inf.eval_id, "repetition": inf.repetition,
-            "inference": inf.status, "inference_reused": inf.reused, "metrics": {},
+            "inference": inf.status, "inference_reused": inf.reused,
             "efficiency": dict(inf.efficiency), "tokens": inf.tokens,
             "tokens_by_model": dict(inf.tokens_by_model)}
+    refs: dict[tuple[str, int], list[UnitRef]] = {}
     for ref in record.units:
-        entry = cases.setdefault((ref.eval_id, ref.repetition), {
-            "eval_id": ref.eval_id, "repetition": ref.repetition, "metrics": {}})
-        entry["metrics"][ref.metric_name] = metric_result(ref, units[ref.unit_oid])
-    rows = [CaseResult(**case) for case in cases.values()]
+        key = (ref.eval_id, ref.repetition)
+        cases.setdefault(key, {"eval_id": ref.eval_id, "repetition": ref.repetition})
+        refs.setdefault(key, []).append(ref)
+    # each case's row made and kept as its JSON before the next is made (Rows): a summary
+    # of 10,000 cases never holds its rows as models
+    rows = Rows(CaseResult, (CaseResult(**case, metrics={
+        ref.metric_name: metric_result(ref, units[ref.unit_oid]) for ref in refs.get(key, ())})
+        for key, case in cases.items()))
+    del cases, refs
     s = record.summary
     entries, passed = gated(record, units)
     fields: dict[str, Any] = {
@@ -76,10 +83,11 @@ def summary(store: Any, record_oid: str, record: EvaluationRecord,
         "inference_tokens": s.inference_tokens, "model_tokens": s.model_tokens,
         "estimated_cost": s.estimated_cost, "cost_note": s.cost_note, "prices": s.prices,
         "cases": rows,
-        "aggregates": entries,
+        "aggregates": Rows(Aggregate, (Aggregate(**e) for e in entries)),
     }
-    if compare:
-        fields |= baseline_comparison(store, record, [c.model_dump() for c in rows], entries)
+    if compare and record.baseline is not None:
+        fields |= baseline_comparison(store, record, [json.loads(b) for b in rows.json_items()],
+                                      entries)
     return RecordResult(**fields)
 
 
