@@ -108,12 +108,19 @@ class StoredModel(FrozenModel):
         head = self.model_dump(mode="json", exclude=set(self.VOLATILE) | long)
         if not long:
             return _canonical(head).encode()
-        parts = []
-        for key in sorted([*head, *long]):
-            value = _canonical(head[key]) if key in head else "[" + ", ".join(
-                _canonical(item.model_dump(mode="json")) for item in getattr(self, key)) + "]"
-            parts.append(f"{_canonical(key)}: {value}")
-        return ("{" + ", ".join(parts) + "}").encode()
+        parts: list[bytes] = [b"{"]  # each item's bytes, joined once (no str of it all)
+        for i, key in enumerate(sorted([*head, *long])):
+            parts.append(f"{', ' if i else ''}{_canonical(key)}: ".encode())
+            if key in head:
+                parts.append(_canonical(head[key]).encode())
+                continue
+            parts.append(b"[")
+            for j, item in enumerate(getattr(self, key)):
+                parts.append((b", " if j else b"") + _canonical(
+                    item.model_dump(mode="json")).encode())
+            parts.append(b"]")
+        parts.append(b"}")
+        return b"".join(parts)
 
     @classmethod
     def from_bytes(cls, data: bytes, *, where: str = "") -> Self:
