@@ -20,6 +20,7 @@ Every run publishes its page into the store beside its record (:func:`store_repo
 from __future__ import annotations
 
 import functools
+import io
 import json
 from typing import Any
 
@@ -72,6 +73,24 @@ def template(name: str = "report.html") -> jinja2.Template:
     return _environment().get_template(name)
 
 
+def render_bytes(page: jinja2.Template, **values: Any) -> bytes:
+    """``page.render(**values)`` as UTF-8, rendered a piece at a time (``generate``): jinja's
+    ``render`` holds each of the page's pieces as a string of its own until it joins them (a
+    page of 2,000 cases: 83 MB for its 17 MB; written a MB at a time, 21 MB)."""
+    out = io.BytesIO()
+    pieces: list[str] = []
+    held = 0
+    for piece in page.generate(**values):
+        pieces.append(piece)
+        held += len(piece)
+        if held >= 1 << 20:  # written a MB at a time
+            out.write("".join(pieces).encode("utf-8"))
+            pieces.clear()
+            held = 0
+    out.write("".join(pieces).encode("utf-8"))
+    return out.getvalue()
+
+
 def report_name(record_oid: str) -> str:
     """The page's ref name in :data:`REPORTS`: ``<record hex>.html``."""
     return f"{repo.hexof(record_oid)}.html"
@@ -111,7 +130,7 @@ def store_report(store: Any, record_oid: str, record: EvaluationRecord, *,
         point["flow_run_url"] = flow_run_url
     save_point(store, point)
     context = page_context(store, record_oid, record, current=point, earlier=earlier)
-    store.put_ref(REPORTS, report_name(record_oid), template().render(**context).encode(),
+    store.put_ref(REPORTS, report_name(record_oid), render_bytes(template(), **context),
                   content_type="text/html; charset=utf-8")
     return context
 

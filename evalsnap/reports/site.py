@@ -33,7 +33,7 @@ from evalsnap.records import EvaluationRecord, repo
 from evalsnap.reports import _site_data as data
 from evalsnap.reports._site_data import CASE_RUNS, Current, RunRow, SetData, current, page_name
 from evalsnap.reports.history import flips, metric_names, runs_by_set
-from evalsnap.reports.html import _dots, duration_text, page_context, template
+from evalsnap.reports.html import _dots, duration_text, page_context, render_bytes, template
 from evalsnap.reports.summary_model import RecordResult
 
 __all__ = ["CONTENT_TYPE", "Current", "after_gc", "build", "current", "forget", "refresh",
@@ -60,7 +60,7 @@ def _set_dir(eval_set_id: str) -> str:
 
 
 def _render(name: str, **values: Any) -> bytes:
-    return template(name).render(**values).encode("utf-8")
+    return render_bytes(template(name), **values)
 
 
 def _row(r: RunRow, up: str) -> dict[str, Any]:
