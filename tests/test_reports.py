@@ -479,3 +479,26 @@ def test_a_page_is_rendered_to_the_same_bytes_a_piece_at_a_time() -> None:
     found = render_bytes(page, **values)
     assert len(found) > 2 << 20 and found == page.render(**values).encode("utf-8")
     assert render_bytes(page, title="", items=[]) == b"<p></p>"
+
+
+def test_the_scores_table_artifact_is_bounded_and_shows_what_did_not_pass_first() -> None:
+    """Issue 31 (memory): a run of 10,000 cases × 7 metrics has 70,000 score rows; the table
+    artifact keeps at most ``limit`` of them, those not passed first, each in case order."""
+    from evalsnap.reports.artifacts import score_rows, table_rows
+    from evalsnap.reports.summary_model import CaseResult, MetricResult, RecordResult, Rows
+
+    def case(n: int) -> CaseResult:
+        status = "FAILED" if n % 4 == 1 else "PASSED"
+        return CaseResult(eval_id=f"c{n}", inference="success", metrics={
+            "a": MetricResult(status=status, score=0.1), "b": MetricResult(status="PASSED")})
+
+    result = RecordResult(run_id="r", kind="run", record_id="x", eval_set_id="s",
+                          complete=True, passed=False, exit_code=1,
+                          cases=Rows(CaseResult, (case(n) for n in range(40))))
+    every = score_rows(result)
+    assert len(every) == 80 and table_rows(result, limit=80) == (every, 80)
+    rows, total = table_rows(result, limit=15)
+    failed = [r for r in every if r["status"] == "FAILED"]
+    assert total == 80 and len(rows) == 15 and len(failed) == 10
+    assert rows[:10] == failed and rows[10:] == [r for r in every if r["status"] == "PASSED"][:5]
+    assert table_rows(result, limit=5)[0] == failed[:5]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from evalsnap.reports.summary_model import RecordResult, as_record
@@ -27,20 +28,42 @@ def artifact_key(eval_set_id: str, what: str) -> str:
     return f"evalsnap-{slug}-{what}"
 
 
+#: Rows of the scores table artifact at most: a run of 10,000 cases × 7 metrics has 70,000,
+#: more than the Prefect UI shows usefully (and ~100 MB to build and send); beyond it, the
+#: rows that did not pass come first and the artifact's description says where every row is.
+TABLE_ROWS = 5000
+
+
 def score_rows(result: RecordResult | dict[str, Any]) -> list[dict[str, Any]]:
     """One row per case × repetition × metric (a failed inference is one row of its own)."""
-    rows: list[dict[str, Any]] = []
-    for case in as_record(result).cases:
+    return list(_score_rows(as_record(result)))
+
+
+def _score_rows(result: RecordResult) -> Iterator[dict[str, Any]]:
+    for case in result.cases:
         base = {"case": case.eval_id, "repetition": case.repetition,
                 "inference": case.inference or "success"}
         if not case.metrics:
-            rows.append({**base, "metric": "", "status": "", "score": None, "threshold": None,
-                         "reused": False, "why": ""})
+            yield {**base, "metric": "", "status": "", "score": None, "threshold": None,
+                   "reused": False, "why": ""}
         for name, m in case.metrics.items():
-            rows.append({**base, "metric": name, "status": m.status, "score": m.score,
-                         "threshold": m.threshold, "reused": m.reused,
-                         "why": m.reason or m.why or ""})
-    return rows
+            yield {**base, "metric": name, "status": m.status, "score": m.score,
+                   "threshold": m.threshold, "reused": m.reused, "why": m.reason or m.why or ""}
+
+
+def table_rows(result: RecordResult, limit: int = TABLE_ROWS) -> tuple[list[dict[str, Any]], int]:
+    """The scores table's rows (:func:`score_rows`, at most ``limit``: those that did not
+    pass first, each in the record's order, when there are more) and how many rows there are."""
+    total = sum(max(len(c.metrics), 1) for c in result.cases)
+    if total <= limit:
+        return list(_score_rows(result)), total
+    rows = [r for r in _score_rows(result) if r["status"] not in _PASSING][:limit]
+    if len(rows) < limit:
+        rows += [r for r in _score_rows(result) if r["status"] in _PASSING][:limit - len(rows)]
+    return rows, total
+
+
+_PASSING = ("PASSED", "INFORMATIONAL")
 
 
 def case_verdicts(result: RecordResult) -> dict[str, int]:
@@ -136,9 +159,9 @@ def summary_markdown(result: RecordResult | dict[str, Any], store_url: str | Non
     if result.uninferred_cases:
         lines.append(f"* cases without inference: {', '.join(result.uninferred_cases)}")
     lines += ["", f"Look it up: `evalsnap show {result.run_id}{store} --json`"]
-    failed = [r for r in score_rows(result) if r["inference"] == "failure"]
+    failed = sorted({c.eval_id for c in result.cases if c.inference == "failure"})
     if failed:
-        lines += ["", "Failed inference: " + ", ".join(sorted({r["case"] for r in failed}))]
+        lines += ["", "Failed inference: " + ", ".join(failed)]
     lines += _named_lines(result)
     return "\n".join(lines) + "\n"
 
@@ -167,9 +190,14 @@ def publish_artifacts(result: RecordResult, store_url: str | None = None) -> dic
     ids: dict[str, Any] = {}
     report = result.report_url  # publish wrote the page and made its link
     try:
+        rows, total = table_rows(result)
+        shown = "" if len(rows) == total else (
+            f" ({len(rows)} of {total} rows, those not passed first; every row: `evalsnap show "
+            f"{result.run_id} --json`)")
         ids["table"] = create_table_artifact(
-            score_rows(result), key=artifact_key(result.eval_set_id, "scores"),
-            description=f"Scores per case and metric, {result.kind} {result.run_id}")
+            rows, key=artifact_key(result.eval_set_id, "scores"),
+            description=f"Scores per case and metric, {result.kind} {result.run_id}{shown}")
+        del rows
         ids["summary"] = create_markdown_artifact(
             summary_markdown(result, store_url)
             + (f"\nHTML report: [{report}]({report})" + (
