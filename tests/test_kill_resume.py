@@ -97,8 +97,11 @@ def _backend(name: str, agent: dict[str, Path],
     server: Server = request.getfixturevalue("moto")
     url = f"s3://{BUCKET}/kill-resume"
     env = {**S3_ENV, "AWS_ENDPOINT_URL": server.url}
+    # the test's own looks at the bucket wait longer than a run's default 10 s: on a loaded
+    # 2-core machine moto, next to the run being killed and the other test workers, once
+    # took longer than that to answer the first one
     yield url, env, Store(url, {"endpoint_url": server.url, "key": "testing",
-                                "secret": "testing"})
+                                "secret": "testing"}, timeout=60.0)
 
 
 def _kill_midway(args: list[str], env: dict[str, str], store: Store,
