@@ -30,7 +30,7 @@ def artifact_key(eval_set_id: str, what: str) -> str:
 
 #: Rows of the scores table artifact at most: a run of 10,000 cases × 7 metrics has 70,000,
 #: more than the Prefect UI shows usefully (sending them took the temporary API's peak to
-#: 417 MB, 234 MB without them); beyond it, the
+#: 385-417 MB, 234 MB without them); beyond it, the
 #: rows that did not pass come first and the artifact's description says where every row is.
 TABLE_ROWS = 5000
 
