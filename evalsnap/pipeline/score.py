@@ -210,8 +210,6 @@ def frozen_inferences(store: Store, snapshot_oid: str, snapshot: Snapshot,
                 store.written_elsewhere(kind, oid, body)
 
 
-
-
 def packed(store: Store, outcomes: list[UnitOutcome], run_id: str,
            written: dict[str, dict[str, bytes]] | None = None) -> list[UnitOutcome]:
     """Writes this task's new units and their judge entries as packs as well (see

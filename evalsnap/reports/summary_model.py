@@ -402,7 +402,7 @@ def _write_model(model: BaseModel, out: IO[str], parts: dict[str, Any]) -> None:
     if not parts:
         out.write(model.model_dump_json())
         return
-    head = json.loads(model.model_dump_json(exclude=set(parts)))
+    head = model.model_dump(mode="json", exclude=set(parts))
     out.write("{")
     first = True
     for name in type(model).model_fields:
