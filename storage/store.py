@@ -44,7 +44,12 @@ logger = logging.getLogger(__name__)
 _VERIFY_BATCH = 64
 #: Bytes of verified objects a store instance keeps in memory (objects are immutable: a run
 #: reads each once; least recently used ones are dropped beyond this).
-READ_CACHE_BYTES = 192 * 2**20
+READ_CACHE_BYTES = 128 * 2**20
+#: Of which judge ledger entries (~8 KB each, the largest objects of a run by count) may take
+#: at most this many, least recently used dropped first: after scoring only a report's
+#: detailed cases read them again, and at 10,000 cases they filled the whole cache (measured:
+#: 192 MB of a 1.5 GB peak) and pushed out the units and inference records read again.
+READ_CACHE_JUDGE_BYTES = 32 * 2**20
 #: The most bytes read of one stored file: a planted huge file is refused after this many
 #: bytes, never downloaded or parsed whole (refs: run manifests, reports; objects: records).
 MAX_REF_BYTES = 256 * 2**20
@@ -83,6 +88,29 @@ class _ByteLRU:
             while self._size > self._budget and self._items:
                 _, dropped = self._items.popitem(last=False)
                 self._size -= len(dropped)
+
+
+class _ReadCache:
+    """The read cache of a store instance: a :class:`_ByteLRU` for judge ledger entries
+    (:data:`READ_CACHE_JUDGE_BYTES`) and one for every other object."""
+
+    _JUDGE = f"{LAYOUT_VERSION}/objects/judge/"
+
+    def __init__(self) -> None:
+        self._judge = _ByteLRU(READ_CACHE_JUDGE_BYTES)
+        self._rest = _ByteLRU(READ_CACHE_BYTES - READ_CACHE_JUDGE_BYTES)
+
+    def _lane(self, key: str) -> _ByteLRU:
+        return self._judge if key.startswith(self._JUDGE) else self._rest
+
+    def get(self, key: str) -> bytes | None:
+        return self._lane(key).get(key)
+
+    def drop(self, key: str) -> None:
+        self._lane(key).drop(key)
+
+    def put(self, key: str, data: bytes) -> None:
+        self._lane(key).put(key, data)
 
 
 @dataclass(frozen=True)
@@ -132,7 +160,7 @@ class Store:
         self._pending_dirs: set[str] = set()
         # Objects are immutable: what this instance read (verified) or wrote, and what a
         # listing proved intact, need no second request (DESIGN.md "Store economy").
-        self._cache = _ByteLRU(READ_CACHE_BYTES)
+        self._cache = _ReadCache()
         self._known: set[str] = set()
         self._listings: dict[str, dict[str, FileInfo]] = {}
         self._in_run = False  # remembering starts with new_run() (a run), ends with end_run()
@@ -144,7 +172,7 @@ class Store:
         """Forget what this instance learnt of the store (read cache, objects known intact,
         listings) and start counting requests from zero: a new run reads what the store
         holds now (another process may have damaged or deleted objects since)."""
-        self._cache = _ByteLRU(READ_CACHE_BYTES)
+        self._cache = _ReadCache()
         self._known = set()
         self._listings = {}
         self.run_memo = {}

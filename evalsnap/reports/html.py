@@ -407,31 +407,38 @@ def page_context(store: Any, record_oid: str, record: EvaluationRecord, *,
              ("tokens of the inference scored", "inference_tokens", _tokens(full["inference_tokens"])),
              ("estimated cost", "estimated_cost",
               num(s.estimated_cost, 6) if s.estimated_cost is not None else f"— ({s.cost_note or 'none'})")]
-    thresholds = {n: m["threshold"] for c in full["cases"] for n, m in c["metrics"].items()}
-    metrics = [{"name": n, "threshold": thresholds.get(n), "stats": current["metrics"][n],
-                "dots": _dots(n, points)} for n in metric_names([current])]
-    verdicts = {(c["eval_id"], c["repetition"]): _verdict(c) for c in full["cases"]}
     by_case: dict[tuple, dict[str, str]] = {}
     for (eval_id, rep, metric), change in moved.items():
         by_case.setdefault((eval_id, rep), {})[metric] = change
     rank = {"failed": 1, "incomplete": 2, "passed": 3}
-
-    def order(case: dict[str, Any]) -> int:
-        key = (case["eval_id"], case["repetition"])
-        if "regressed" in by_case.get(key, {}).values():
-            return 0
-        return 1 if _failing(case) else rank[verdicts[key]]
-
-    cases = [_case(c, verdicts[(c["eval_id"], c["repetition"])],
-                   by_case.get((c["eval_id"], c["repetition"]), {}))
-             for c in sorted(full["cases"], key=order)]
+    thresholds: dict[str, Any] = {}
+    count = dict.fromkeys(rank, 0)
+    ranked: list[tuple[int, dict[str, Any]]] = []
+    # each case's page values made and its resolved values let go, one case at a time (a
+    # page of 10,000 cases held both whole, ~250 MB)
+    resolved = full.pop("cases")
+    for i, c in enumerate(resolved):
+        resolved[i] = None
+        key = (c["eval_id"], c["repetition"])
+        thresholds.update((n, m["threshold"]) for n, m in c["metrics"].items())
+        verdict = _verdict(c)
+        count[verdict] += 1
+        changes_ = by_case.get(key, {})
+        ranked.append((0 if "regressed" in changes_.values() else
+                       1 if _failing(c) else rank[verdict], _case(c, verdict, changes_)))
+    del resolved
+    ranked.sort(key=lambda r: r[0])  # stable: the record's order within a rank
+    cases = [case for _, case in ranked]
+    del ranked
+    metrics = [{"name": n, "threshold": thresholds.get(n), "stats": current["metrics"][n],
+                "dots": _dots(n, points)} for n in metric_names([current])]
     return dict(
         record=record, record_oid=record_oid, store_url=store.url, facts=facts,
         gate=record_gate(record), repetitions=_repetitions(record, full["aggregates"]),
         stability_note=_stability_note(record),
         verdict=("PASSED" if s.passed else "NOT PASSED") + ("" if s.complete else " (INCOMPLETE)"),
         verdict_class="passed" if s.passed else "failed" if s.complete else "incomplete",
-        count={v: sum(1 for x in verdicts.values() if x == v) for v in rank},
+        count=count,
         n_regressed=sum(1 for c in moved.values() if c == "regressed"),
         n_fixed=sum(1 for c in moved.values() if c == "fixed"),
         metrics=metrics, points=points, cases=cases, nav=[], point=current,

@@ -40,6 +40,27 @@ def _summary_case(store: Any, inf: Any, refs: Any,
             "case_fingerprint": None, **case_efficiency(inf), "metrics": metrics}
 
 
+#: What a page reads of a unit's reference in a case it does not detail (with the verdict's
+#: fields; :func:`evalsnap.reports.html._unit`).
+_REF_PAGE_FIELDS = ("reused", "reused_from_run", "why")
+
+
+def _page_case(store: Any, inf: Any, refs: Any,
+               units: dict[str, ScoreUnit | UnitVerdict]) -> dict[str, Any]:
+    """:func:`_summary_case` as a page reads it: a run of 10,000 cases keeps one of these per
+    case while its page is made, so only the values the page shows (a case's status, its
+    agent tokens, each unit's verdict and why it was reused), not every reference field."""
+    metrics = {}
+    for ref in refs:
+        unit = units[ref.unit_oid] = repo.get_unit_verdict(store, ref.unit_oid)
+        metrics[ref.metric_name] = {**{f: getattr(ref, f) for f in _REF_PAGE_FIELDS},
+                                    **{f: getattr(unit, f) for f in _VERDICT_FIELDS}}
+    return {"details": False, "eval_id": inf.eval_id, "repetition": inf.repetition,
+            "inference": {"status": inf.status},
+            "tokens": {"total_tokens": inf.tokens.total_tokens} if inf.tokens else None,
+            "metrics": metrics}
+
+
 def full_record(store: Any, record_oid: str, record: EvaluationRecord, *,
                 detailed: Container[tuple[str, int]] | None = None,
                 for_page: bool = False) -> dict[str, Any]:
@@ -59,7 +80,8 @@ def full_record(store: Any, record_oid: str, record: EvaluationRecord, *,
     for inf in record.inference:
         key = (inf.eval_id, inf.repetition)
         if detailed is not None and key not in detailed:
-            cases.append(_summary_case(store, inf, refs_of.get(key, ()), units))
+            cases.append((_page_case if for_page else _summary_case)(
+                store, inf, refs_of.get(key, ()), units))
             continue
         inference = repo.get_inference(store, inf.inference_oid)
         fc = frozen.get(key)
@@ -85,8 +107,15 @@ def full_record(store: Any, record_oid: str, record: EvaluationRecord, *,
             **case_efficiency(inf),
             "metrics": metrics,
         })
-    entries, passed = gated(record, {**units, **{r.unit_oid: repo.get(store, ScoreUnit, r.unit_oid)
-                                                  for r in record.units if r.unit_oid not in units}})
+    if for_page and not any(i.repetition for i in record.inference) \
+            and not any(r.repetition for r in record.units):
+        # a page shows the aggregates over repetitions only when a case has several (a
+        # list of 70,000 dicts at 10,000 cases × 7 metrics, ~175 MB, for nothing shown)
+        entries, passed = [], record.summary.passed
+    else:
+        entries, passed = gated(record, {**units, **{
+            r.unit_oid: repo.get(store, ScoreUnit, r.unit_oid)
+            for r in record.units if r.unit_oid not in units}})
     full = {
         "record_id": record_oid,
         "record": None if for_page else record.model_dump(mode="json"),
