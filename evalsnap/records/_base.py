@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, model_validator
 
 from evalsnap.errors import CorruptRecordError, UnsupportedSchemaVersion
 from evalsnap.jsonsafe import strict_json
@@ -58,10 +58,33 @@ case's fingerprint, a run id): one copy of it in memory, not one per value (a re
 10,000 cases × 7 metrics names each rule's fingerprint 10,000 times)."""
 
 
+#: One ``__pydantic_fields_set__`` per distinct set of field names given (see FrozenModel).
+_FIELDS_SETS: dict[frozenset[str], set[str]] = {}
+_FIELDS_SETS_MAX = 4096
+
+
 class FrozenModel(BaseModel):
-    """A strict, immutable value: a field it does not declare is an error."""
+    """A strict, immutable value: a field it does not declare is an error.
+
+    Pydantic gives every instance a set of the field names it was given
+    (``model_fields_set``), 0.2-0.7 KB each: at 10,000 cases × 7 metrics a run's units,
+    references and outcomes held ~370,000 of them, 190 MB (measured, ``gc`` census of the
+    CLI's process). A frozen model never adds to it in place (``model_copy`` copies it
+    first), so instances given the same fields share one."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="after")
+    def _share_fields_set(self) -> Self:
+        given = self.__pydantic_fields_set__
+        key = frozenset(given)
+        shared = _FIELDS_SETS.get(key)
+        if shared is None:
+            if len(_FIELDS_SETS) >= _FIELDS_SETS_MAX:
+                return self
+            shared = _FIELDS_SETS.setdefault(key, given)
+        object.__setattr__(self, "__pydantic_fields_set__", shared)
+        return self
 
 
 class CaseRepetition(FrozenModel):

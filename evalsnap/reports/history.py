@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 #: Unit reads in flight (a remote store answers each read in milliseconds).
 _READERS = 8
+_BATCH = 512
 PASSING = ("PASSED", "INFORMATIONAL")
 REPORTS = "reports"
 """Ref namespace of what a run publishes for people, per record: the page
@@ -120,9 +121,14 @@ def metric_stats(store: Any, record: EvaluationRecord) -> dict[str, dict[str, An
     """Per metric of ``record``, in the record's order: units, passed, failed,
     not evaluated, pass rate (0-1, None without units) and mean score (None if unscored)."""
     oids = [ref.unit_oid for ref in record.units]
+    units: dict[str, Any] = {}
     with ThreadPoolExecutor(max_workers=_READERS) as pool:
-        units = dict(zip(oids, pool.map(lambda o: repo.get_unit_verdict(store, o), oids),
-                         strict=True))
+        # a batch at a time: ``map`` submits everything at once, a future (with its lock,
+        # condition and deque) per unit, ~100 MB at 10,000 cases × 7 metrics
+        for start in range(0, len(oids), _BATCH):
+            batch = oids[start:start + _BATCH]
+            units.update(zip(batch, pool.map(lambda o: repo.get_unit_verdict(store, o), batch),
+                             strict=True))
     stats: dict[str, dict[str, Any]] = {}
     scores: dict[str, list[float]] = {}
     for ref in record.units:
