@@ -153,10 +153,13 @@ def _evaluate(plan: Plan, run: RunOptions, runner: str) -> RecordResult:
     with scoring_pool(plan, run, runner) as pool:
         outcomes = run_inference(plan.inference_batches(run), progress)
         snapshot_oid = freeze_task(as_data(plan.freeze_request(outcomes)))
+        if plan.until_stable is None:  # the snapshot has them: scoring and publish read it
+            plan.release_cases()
         units = run_scoring(plan.score_requests(run, snapshot_oid), progress, pool)
         if plan.until_stable is not None:
             outcomes, units, snapshot_oid = _until_stable(plan, run, progress, pool, outcomes,
                                                           units, snapshot_oid)
+            plan.release_cases()
         result = publish_task(as_data(plan.publish_request(run, snapshot_oid, outcomes, units)))
     progress.advance()  # published
     return result

@@ -104,6 +104,7 @@ def rescore(
                 hints.prime(ctx.store, plan.eval_set.eval_set_id)
             outcomes = plan.source_outcomes  # the frozen inference: the agent is never called
             snapshot_oid = freeze_task(as_data(plan.freeze_request(outcomes)))
+            plan.release_cases()  # the snapshot has them: scoring and publish read it
             units = run_scoring(plan.score_requests(run, snapshot_oid), progress)
             result = publish_task(as_data(plan.publish_request(run, snapshot_oid, outcomes, units)))
         progress.advance()  # published

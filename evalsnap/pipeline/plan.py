@@ -72,11 +72,15 @@ class Plan:
     """The record this run is compared with (``--baseline``)."""
     fail_on: FailOn | None = None
     """The run's gate (``--fail-on``), recorded with it (what makes a run *good*)."""
+    all_case_ids: list[str] | None = None
+    """Once the cases are released (:meth:`release_cases`): the eval set's case ids."""
 
     def coverage(self) -> Coverage:
         """What of the eval set and config this run covers: a subset is never ``latest``."""
         cases = set(self.case_ids)
-        missing_cases = [c.eval_id for c in self.eval_set.eval_cases if c.eval_id not in cases]
+        every = (self.all_case_ids if self.all_case_ids is not None
+                 else [c.eval_id for c in self.eval_set.eval_cases])
+        missing_cases = [c for c in every if c not in cases]
         missing_metrics = [r.metric_name for r in self.config.rules
                            if r.metric_name not in set(self.metric_names)]
         repetitions = (max((o.repetition for o in self.source_outcomes), default=0) + 1
@@ -86,6 +90,14 @@ class Plan:
                         repetitions=repetitions, note=self.source_note,
                         repetition_gate=self.repetition_gate, until_stable=self.until_stable,
                         stability=self.stability)
+
+    def release_cases(self) -> None:
+        """Lets go of the eval set's cases once they are frozen: from then on the run reads
+        them from its snapshot (10,000 cases are ~100,000 ADK values, 100+ MB, that would
+        otherwise stay for scoring and publish). Their ids stay for :meth:`coverage`."""
+        if self.all_case_ids is None:
+            self.all_case_ids = [c.eval_id for c in self.eval_set.eval_cases]
+        self.eval_set = self.eval_set.model_copy(update={"eval_cases": []})
 
     @property
     def config_json(self) -> str:
