@@ -111,7 +111,8 @@ def full_record(store: Any, record_oid: str, record: EvaluationRecord, *,
             and not any(r.repetition for r in record.units):
         # a page shows the aggregates over repetitions only when a case has several (a
         # list of 70,000 dicts at 10,000 cases × 7 metrics, ~175 MB, for nothing shown)
-        entries, passed = [], record.summary.passed
+        entries: list[dict[str, Any]] = []
+        passed = record.summary.passed
     else:
         entries, passed = gated(record, {**units, **{
             r.unit_oid: repo.get(store, ScoreUnit, r.unit_oid)
