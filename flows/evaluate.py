@@ -160,7 +160,9 @@ def _evaluate(plan: Plan, run: RunOptions, runner: str) -> RecordResult:
             outcomes, units, snapshot_oid = _until_stable(plan, run, progress, pool, outcomes,
                                                           units, snapshot_oid)
             plan.release_cases()
-        result = publish_task(as_data(plan.publish_request(run, snapshot_oid, outcomes, units)))
+        request = plan.publish_request(run, snapshot_oid, outcomes, units)
+        del outcomes, units  # the request's now: publish lets them go once the record has them
+        result = publish_task(as_data(request))
     progress.advance()  # published
     return result
 

@@ -106,6 +106,8 @@ def rescore(
             snapshot_oid = freeze_task(as_data(plan.freeze_request(outcomes)))
             plan.release_cases()  # the snapshot has them: scoring and publish read it
             units = run_scoring(plan.score_requests(run, snapshot_oid), progress)
-            result = publish_task(as_data(plan.publish_request(run, snapshot_oid, outcomes, units)))
+            request = plan.publish_request(run, snapshot_oid, outcomes, units)
+            del units  # the request's now: publish lets them go once the record has them
+            result = publish_task(as_data(request))
         progress.advance()  # published
         return finish(result, spec.fail_on, plan.store_url, ctx)
