@@ -17,7 +17,6 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,24 +78,6 @@ class _ByteLRU:
             if old is not None:
                 self._size -= len(old)
 
-    @contextmanager
-    def limited(self, budget: int) -> Iterator[None]:
-        """At most ``budget`` bytes (the least recently used beyond it dropped) until the
-        block ends; then the budget it had."""
-        with self._lock:
-            before, self._budget = self._budget, min(self._budget, budget)
-            self._evict()
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._budget = before
-
-    def _evict(self) -> None:
-        while self._size > self._budget and self._items:
-            _, dropped = self._items.popitem(last=False)
-            self._size -= len(dropped)
-
     def put(self, key: str, data: bytes) -> None:
         if len(data) > self._budget // 4:
             return  # one huge object would evict everything else
@@ -104,7 +85,9 @@ class _ByteLRU:
             old = self._items.pop(key, None)
             self._size += len(data) - (len(old) if old is not None else 0)
             self._items[key] = data
-            self._evict()
+            while self._size > self._budget and self._items:
+                _, dropped = self._items.popitem(last=False)
+                self._size -= len(dropped)
 
 
 class _ReadCache:
@@ -128,11 +111,6 @@ class _ReadCache:
 
     def put(self, key: str, data: bytes) -> None:
         self._lane(key).put(key, data)
-
-    def limited(self, budget: int) -> Any:
-        """:meth:`_ByteLRU.limited` of every object but judge ledger entries (those have
-        their own, smaller lane)."""
-        return self._rest.limited(budget)
 
 
 @dataclass(frozen=True)
@@ -205,15 +183,6 @@ class Store:
         """Stop remembering (after a run): commands outside a run read the store afresh."""
         self.new_run()
         self._in_run = False
-
-    @contextmanager
-    def read_cache_limited(self, budget: int) -> Iterator[None]:
-        """Within the block the read cache keeps at most ``budget`` bytes of objects other
-        than judge ledger entries (least recently used ones dropped now): for the end of a
-        run, whose last readers read little again."""
-        cache = self._cache
-        with cache.limited(budget):
-            yield
 
     def _learn(self, rel: str, data: bytes | None = None) -> None:
         """Within a run: ``rel`` is in the store, intact (and holds ``data``)."""

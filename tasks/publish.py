@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from typing import Any
 
 from prefect import task
 
 from evalsnap.pipeline import context
 from evalsnap.pipeline.publish import PublishRequest, publish_request
-from evalsnap.records.record import EvaluationRecord
 from evalsnap.reports.artifacts import publish_artifacts
 from evalsnap.reports.html import TREND_RUNS, report_link, store_report
 from evalsnap.reports.site import current as site_rows
@@ -34,20 +32,7 @@ def publish_task(request: PublishRequest) -> RecordResult:
     # this task has no retries to need it again).
     request.units.clear()
     request.inference.clear()
-    # What the views read again is little (the detailed cases' records): at 10,000 cases a
-    # full read cache was ~100 MB of the process's peak, in the views' last seconds.
-    with ctx.store.read_cache_limited(VIEWS_READ_CACHE_BYTES):
-        return _views(ctx.store, request, record_oid, record)
-
-
-#: The read cache's budget (judge ledger entries aside) while publish makes the run's views.
-VIEWS_READ_CACHE_BYTES = 32 * 2**20
-
-
-def _views(store: Any, request: PublishRequest, record_oid: str,
-           record: EvaluationRecord) -> RecordResult:
-    """The record's views: its HTML page, its summary (returned), the site's pages, the
-    Prefect artifacts."""
+    store = ctx.store
     # Presentation after the commit: a signal waits only for the commit, and a page that
     # could not be written is written again by `evalsnap report RECORD` at any time.
     link: tuple[str | None, int | None] = (None, None)

@@ -296,26 +296,6 @@ def test_a_run_reads_each_object_once_and_never_heads(store: Store) -> None:
     assert store.requests.snapshot()["get"] == 1 and store.requests.snapshot()["head"] == 0
 
 
-def test_a_limited_read_cache_keeps_the_newest_and_gets_its_budget_back(store: Store) -> None:
-    """``read_cache_limited``: within the block the oldest objects beyond the budget are
-    dropped (read again: one request each), the newest kept; after it, the full budget."""
-    store.put_object(KIND, b"probe")
-    store.new_run()
-    old = [store.put_object(KIND, b"%d" % i + b"o" * 1000) for i in range(8)]
-    with store.read_cache_limited(3000):  # room for the newest two
-        store.requests.reset()
-        assert store.get_object(KIND, old[-1]).startswith(b"7")
-        assert store.get_object(KIND, old[-2]).startswith(b"6")
-        assert store.requests.snapshot()["get"] == 0
-        assert store.get_object(KIND, old[0]).startswith(b"0")
-        assert store.requests.snapshot()["get"] == 1
-    new = [store.put_object(KIND, b"%d" % i + b"n" * 1000) for i in range(8)]
-    store.requests.reset()
-    assert all(store.get_object(KIND, oid) for oid in new)  # the whole budget again
-    assert store.requests.snapshot()["get"] == 0
-    store.end_run()
-
-
 def test_local_reads_never_follow_a_link_out_of_the_store(tmp_path: Any) -> None:
     """Issue 29 item 7, reads: an object area linked to a directory outside the store is
     refused (a typed error naming the link), not read from there."""
