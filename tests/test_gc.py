@@ -87,11 +87,15 @@ def _tree(root: Path) -> dict[str, int]:
 
 
 def _backdate(root: Path, seconds: float) -> None:
-    """Every file under ``root`` last written ``seconds`` ago (gc goes by mtime on disk)."""
-    old = time.time() - seconds
+    """Every file under ``root`` written ``seconds`` earlier than it was (gc goes by mtime on
+    disk), in the order it was written: gc finds a set's newest run by those dates, and two
+    runs of one second given the same date would be ordered by their ids' random part."""
+    shift = int(seconds * 10**9)
     for path in root.rglob("*"):
         if path.is_file():
-            os.utime(path, (old, old), follow_symlinks=False)
+            st = path.lstat()
+            os.utime(path, ns=(st.st_atime_ns - shift, st.st_mtime_ns - shift),
+                     follow_symlinks=False)
 
 
 # ---- local disk ---------------------------------------------------------------------------
