@@ -188,7 +188,7 @@ def refresh(store: Any, record_oid: str, record: EvaluationRecord, result: Recor
             context: dict[str, Any] | None = None,
             now: Current | None = None) -> list[str]:
     """After a run's commit: its row into its eval set's data, then the pages it changes
-    (the index, its eval set's pages, its own), written in one batch. ``result``: its
+    (the index and its eval set's pages in one batch, its own in another). ``result``: its
     summary; ``context``: its report's page context, if made already (its page and history
     point are read once per run); ``now``: the site's rows as :func:`current` read
     them for the page's trend, if it did. Returns the names of the pages written."""
@@ -202,17 +202,14 @@ def refresh(store: Any, record_oid: str, record: EvaluationRecord, result: Recor
     data.save(store, rows)
     others = now.others if now is not None else data.load_all(store)
     sets = [s for s in others if s.eval_set_id != rows.eval_set_id] + [rows]
-    # two batches: the index and the eval set's pages, then the run's own (a page of
-    # 10,000 cases is ~30 MB: not held with the others)
-    written: list[str] = []
-    for make in (lambda: {"index.html": index_page(sorted(sets, key=lambda s: s.eval_set_id)),
-                          **set_pages(rows)},
-                 lambda: run_pages(store, record_oid, record, context=context)):
-        pages = make()
-        store.put_site(pages, CONTENT_TYPE)
-        written += pages
-        del pages
-    return written
+    # two batches: the index and the eval set's pages, then the run's own (a run page of
+    # 10,000 cases is ~30 MB, made once the others are written)
+    shared = {"index.html": index_page(sorted(sets, key=lambda s: s.eval_set_id)),
+              **set_pages(rows)}
+    store.put_site(shared, CONTENT_TYPE)
+    own = run_pages(store, record_oid, record, context=context)
+    store.put_site(own, CONTENT_TYPE)
+    return [*shared, *own]
 
 
 def forget(store: Any, removed: list[dict[str, Any]]) -> int:
