@@ -467,9 +467,9 @@ class Store:
             if oid_of(data) != oid:
                 continue
             if kind in PACKED_KINDS:
+                self._cache.put(object_rel(validate_kind(kind), oid), data)
                 self._found_in[oid] = pack_oid
                 self._holders.setdefault(oid, (pack_oid,))
-                self._cache.put(object_rel(validate_kind(kind), oid), data)
             elif self._in_run:
                 self._cache.put(object_rel(validate_kind(kind), oid), data)
         self._opened.add(pack_oid)
@@ -494,13 +494,15 @@ class Store:
                                 limit=MAX_OBJECT_BYTES)
         for pack_oid, rel in rels.items():
             got = raw[self._path(rel)]
-            self._opened.add(pack_oid)
+            # opened (self._opened) once its members are held: a reader in another thread
+            # that finds it opened must find what it holds
             if isinstance(got, BaseException) or got is None or _too_long(got, MAX_OBJECT_BYTES):
                 problem: Exception = got if isinstance(got, Exception) else \
                     TooLarge(self._url(rel), MAX_OBJECT_BYTES) if got is not None \
                     else ObjectNotFound(self._url(rel))
                 logger.warning("pack %s unusable (%s); what it holds is looked for elsewhere",
                                pack_oid, problem)
+                self._opened.add(pack_oid)
                 out[pack_oid] = problem
                 continue
             if oid_of(got) != pack_oid:
@@ -511,11 +513,13 @@ class Store:
             if _unpacker is None:
                 out[pack_oid] = StorageError(f"pack {pack_oid}: no pack reader is set "
                                              "(storage.store.set_unpacker)")
+                self._opened.add(pack_oid)
                 continue
             try:
                 members = _unpacker(got, pack_oid)
             except Exception as exc:  # not a pack: as if absent (logged, verify reports it)
                 logger.warning("%s", exc)
+                self._opened.add(pack_oid)
                 out[pack_oid] = exc
                 continue
             self.hold_members(pack_oid, members)

@@ -172,10 +172,17 @@ def get(store: Store, cls: type[M], oid: str) -> M:
     except ObjectNotFound as exc:
         raise NotFoundError(f"{cls.KIND} {oid} is not in store {store.url}: {exc}") from exc
     value = cls.from_bytes(data, where=oid)
-    if isinstance(value, EvaluationRecord) and value.packs:
-        # its units (and their ledger entries) may be held only by its packs
-        store.locate((ref.unit_oid for ref in value.units), value.packs)
+    if isinstance(value, EvaluationRecord):
+        locate_units(store, value)
     return value
+
+
+def locate_units(store: Store, record: EvaluationRecord) -> None:
+    """Tells ``store`` that the record's units (and with them their ledger entries) may be
+    held only by the record's packs (:meth:`storage.Store.locate`): every reader of a
+    record's units calls it (a record read by :func:`get` is located already)."""
+    if record.packs:
+        store.locate((ref.unit_oid for ref in record.units), record.packs)
 
 
 def find(store: Store, cls: type[M], oid: str) -> M:
@@ -254,6 +261,7 @@ def get_unit_verdict(store: Store, oid: str) -> UnitVerdict:
 
 def unit_verdicts(store: Store, record: EvaluationRecord) -> dict[str, UnitVerdict]:
     """The verdicts of a record's units by unit oid (:func:`get_unit_verdict`)."""
+    locate_units(store, record)
     return {ref.unit_oid: get_unit_verdict(store, ref.unit_oid) for ref in record.units}
 
 

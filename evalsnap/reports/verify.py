@@ -118,6 +118,8 @@ class _Objects:
         self.held: dict[str, list[str]] = {}
         """Unit and judge entry oid → the sound packs holding it (its only copy, when no
         loose object is present)."""
+        self.lost: list[tuple[str, str, str]] = []
+        """(kind, oid, pack) of each member a damaged pack lost."""
 
     def problem(self, kind: str, oid: str, packs: Iterable[str] | None = None) -> str | None:
         """Why ``kind``/``oid`` cannot be used, or None if it is present and sound: a loose
@@ -168,6 +170,12 @@ def _scan_objects(store: Store, report: VerifyReport) -> _Objects:
                 # Hash fine but not a readable record, or corrupted since the first pass.
                 objects.bad[(kind, oid)] = str(exc)
                 report.findings.append(Finding(kind, store.object_url(kind, oid), str(exc), oid))
+    for kind, oid, pack_oid in objects.lost:
+        if oid in objects.held or oid in objects.present.get(kind, set()):
+            continue  # a sound copy is there (a run did it again)
+        report.findings.append(Finding(kind, store.object_url(pack.KIND, pack_oid),
+                                       f"{kind} object {oid} in pack {pack_oid} is corrupt: its "
+                                       "bytes no longer hash to its id; it is not used", oid))
     return objects
 
 
@@ -183,7 +191,11 @@ def _scan_pack(store: Store, pack_oid: str, objects: _Objects, report: VerifyRep
             report.findings.append(Finding(pack.KIND, store.object_url(pack.KIND, pack_oid),
                                            str(got), pack_oid))
         return
-    if (pack.KIND, pack_oid) not in objects.bad:
+    damaged = store.damaged_packs().get(pack_oid)
+    if damaged is not None:  # each member it lost (with no sound copy elsewhere: see below)
+        objects.lost += [(kind, oid, pack_oid) for kind, oid in _listed(damaged)
+                         if (kind, oid) not in got and kind in OBJECT_KINDS]
+    elif (pack.KIND, pack_oid) not in objects.bad:
         data = store.get_object(pack.KIND, pack_oid)
         raw = parse_stored(data, what=f"pack {pack_oid}")
         listed = raw.get("members") if isinstance(raw, dict) else None
@@ -205,6 +217,18 @@ def _scan_pack(store: Store, pack_oid: str, objects: _Objects, report: VerifyRep
             objects.bad[(kind, oid)] = f"in pack {pack_oid}: {exc}"
             report.findings.append(Finding(kind, store.object_url(pack.KIND, pack_oid),
                                            f"member {oid}: {exc}", oid))
+
+
+def _listed(data: bytes) -> list[tuple[str, str]]:
+    """The (kind, oid) members a pack's bytes list, whatever else is wrong with them."""
+    try:
+        raw = parse_stored(data, what="pack")
+    except EvalsnapError:
+        return []
+    members = raw.get("members") if isinstance(raw, dict) else None
+    return [(m["kind"], m["oid"]) for m in members or [] if isinstance(m, dict)
+            and isinstance(m.get("kind"), str) and isinstance(m.get("oid"), str)] \
+        if isinstance(members, list) else []
 
 
 def _oid_in(path: str) -> str | None:
