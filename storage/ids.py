@@ -17,6 +17,7 @@ __all__ = [
     "MAX_ID_LENGTH",
     "OBJECT_KINDS",
     "OID_PATTERN",
+    "PACKED_KINDS",
     "oid_of",
     "validate_id",
     "validate_kind",
@@ -27,6 +28,9 @@ ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
 MAX_ID_LENGTH = 200
 #: Kinds of content-addressed objects; each is a folder under ``v1/objects/``.
 OBJECT_KINDS: tuple[str, ...] = ("inference", "snapshot", "unit", "judge", "record", "pack")
+#: Kinds whose objects may have no copy but a pack's (what a scoring task writes: a pack is
+#: their only copy; a pack of other kinds is a copy for fast reads of loose objects).
+PACKED_KINDS: tuple[str, ...] = ("unit", "judge")
 
 #: What an object id looks like: ``sha256:`` and 64 lowercase hex digits.
 OID_PATTERN = re.compile(r"^sha256:[0-9a-f]{64}$")

@@ -34,8 +34,22 @@ from storage._layout import (
     ref_rel,
     site_rel,
 )
-from storage.errors import CorruptObjectError, ObjectNotFound, StoreUnavailable, TooLarge
-from storage.ids import ID_PATTERN, MAX_ID_LENGTH, OBJECT_KINDS, oid_of, validate_id, validate_kind
+from storage.errors import (
+    CorruptObjectError,
+    ObjectNotFound,
+    StorageError,
+    StoreUnavailable,
+    TooLarge,
+)
+from storage.ids import (
+    ID_PATTERN,
+    MAX_ID_LENGTH,
+    OBJECT_KINDS,
+    PACKED_KINDS,
+    oid_of,
+    validate_id,
+    validate_kind,
+)
 
 __all__ = ["LAYOUT_VERSION", "Problem", "Store"]
 
@@ -54,6 +68,25 @@ READ_CACHE_JUDGE_BYTES = 32 * 2**20
 #: bytes, never downloaded or parsed whole (refs: run manifests, reports; objects: records).
 MAX_REF_BYTES = 256 * 2**20
 MAX_OBJECT_BYTES = 1024 * 2**20
+#: The kind of objects that hold other objects (see :meth:`Store.open_packs`).
+PACK_KIND = "pack"
+#: Packs opened at once when reads ask for their members (each is up to a few MB).
+PACK_OPEN_BATCH = 4
+#: Objects whose packs a store instance keeps in mind across runs, at most (a long-lived
+#: process serving many runs forgets them all past this; ~100 bytes each).
+_MAX_HOLDERS = 1_000_000
+
+#: How a pack's bytes become its members, ``(kind, oid) → bytes``, each checked against its
+#: oid (raising on bytes that are not a pack): given by the layer that writes packs
+#: (:mod:`evalsnap.records.pack`), so that this package knows no record format.
+Unpacker = Callable[[bytes, str], Mapping[tuple[str, str], bytes]]
+_unpacker: Unpacker | None = None
+
+
+def set_unpacker(unpack: Unpacker) -> None:
+    """Sets how packs are read (:data:`Unpacker`)."""
+    global _unpacker
+    _unpacker = unpack
 
 
 class _ByteLRU:
@@ -166,7 +199,20 @@ class Store:
         self._in_run = False  # remembering starts with new_run() (a run), ends with end_run()
         #: Per-run scratch of the layers above (e.g. reuse hints), forgotten by new_run.
         self.run_memo: dict[str, Any] = {}
+        # objects held in packs (see open_packs): which packs may hold an object (told by
+        # the layers above: a record's packs, a segment's; hints, kept across runs, as a
+        # record read before a run is read from within it), which one was found to hold it
+        # and which packs were opened (in this run)
+        self._holders: dict[str, tuple[str, ...]] = {}
+        self._packs_forget()
         self.url = self._b.url
+
+    def _packs_forget(self) -> None:
+        self._found_in: dict[str, str] = {}
+        self._opened: set[str] = set()
+        self._damaged_packs: dict[str, bytes] = {}
+        if len(self._holders) > _MAX_HOLDERS:
+            self._holders = {}
 
     def new_run(self) -> None:
         """Forget what this instance learnt of the store (read cache, objects known intact,
@@ -176,6 +222,7 @@ class Store:
         self._known = set()
         self._listings = {}
         self.run_memo = {}
+        self._packs_forget()
         self._in_run = True
         self._b.requests.reset()
 
@@ -284,6 +331,8 @@ class Store:
         if not created and not self._proved(rel, data):
             self._repair_if_damaged(rel, data, oid, what)
         self._learn(rel, data)
+        if kind == PACK_KIND:
+            self._damaged_packs.pop(oid, None)
         return oid
 
     def put_objects(self, kind: str, items: Iterable[bytes]) -> list[str]:
@@ -308,6 +357,9 @@ class Store:
             if not written[self._path(rel)] and not self._proved(rel, data):
                 self._repair_if_damaged(rel, data, oid_of(data), f"writing {self._url(rel)}")
             self._learn(rel, data)
+        if kind == PACK_KIND:
+            for oid in oids:
+                self._damaged_packs.pop(oid, None)
         return oids
 
     def _repair_if_damaged(self, rel: str, data: bytes, oid: str, what: str) -> None:
@@ -326,9 +378,14 @@ class Store:
     def get_object(self, kind: str, oid: str) -> bytes:
         """The bytes of an object, verified against ``oid``."""
         rel = object_rel(validate_kind(kind), oid)
-        cached = self._cache.get(rel) if rel in self._known else None
+        cached = self._cache.get(rel) if rel in self._known or oid in self._found_in else None
         if cached is not None:
             return cached
+        if kind in PACKED_KINDS and (oid in self._found_in or oid in self._holders):
+            got = self.get_objects(kind, [oid])[oid]
+            if isinstance(got, Exception):
+                raise got
+            return got
         self._ensure_ready()
         data = self._read(rel, f"reading {self._url(rel)}", long=True, limit=MAX_OBJECT_BYTES)
         return self._checked(rel, oid, data)
@@ -342,11 +399,14 @@ class Store:
         todo: dict[str, str] = {}
         for oid in dict.fromkeys(oids):
             rel = object_rel(kind, oid)
-            cached = self._cache.get(rel) if rel in self._known else None
+            cached = self._cache.get(rel) if rel in self._known or oid in self._found_in \
+                else None
             if cached is not None:
                 out[oid] = cached
             else:
                 todo[oid] = rel
+        if todo and kind in PACKED_KINDS and (self._holders or self._found_in):
+            self._from_packs(kind, todo, out)
         if todo:
             self._ensure_ready()
             raw = self._b.read_many(f"reading {len(todo)} {kind} objects from {self.url}",
@@ -361,6 +421,133 @@ class Store:
                 except (ObjectNotFound, CorruptObjectError) as exc:
                     out[oid] = exc
         return out
+
+    # -- objects held in packs ----------------------------------------------------------------
+
+    def locate(self, oids: Iterable[str], packs: Iterable[str]) -> None:
+        """The objects ``oids`` may be held by ``packs`` (the only copy of a unit or judge
+        entry that a scoring task wrote as a pack): a read of one that this instance does
+        not hold opens those packs (:meth:`open_packs`) before it asks for a loose object."""
+        named = tuple(dict.fromkeys(packs))
+        if not named:
+            return
+        holders = self._holders
+        for oid in oids:
+            old = holders.get(oid)
+            holders[oid] = named if old is None or old == named else \
+                tuple(dict.fromkeys(old + named))
+
+    def packs_holding(self, oid: str) -> list[str]:
+        """The sound pack ``oid`` was found in (read or written by this instance), if any."""
+        found = self._found_in.get(oid)
+        return [found] if found is not None and found not in self._damaged_packs else []
+
+    def pack_damaged(self, pack_oid: str) -> bool:
+        """Whether this instance found pack ``pack_oid`` damaged (its bytes no longer hash to
+        its id; the members that still match theirs were used)."""
+        return pack_oid in self._damaged_packs
+
+    def damaged_packs(self) -> dict[str, bytes]:
+        """The packs this instance found damaged in this run, with the bytes it read (what
+        :func:`evalsnap.records.pack.repair` rebuilds them from)."""
+        return dict(self._damaged_packs)
+
+    def in_damaged_pack(self, oid: str) -> bool:
+        """Whether ``oid`` was read from a damaged pack (a new record must not name that
+        pack: the object needs a sound copy of its own)."""
+        return self._found_in.get(oid) in self._damaged_packs
+
+    def hold_members(self, pack_oid: str, members: Mapping[tuple[str, str], bytes]) -> None:
+        """Pack ``pack_oid`` is in the store and holds ``members`` ((kind, oid) → bytes,
+        each hashing to its oid). Units and judge entries (:data:`PACKED_KINDS`, whose pack
+        may be their only copy) are then read from memory while the read cache keeps them,
+        else from the pack; a member of another kind is a copy of a loose object, kept as
+        :meth:`remember` keeps it (handed out once the loose object is proved)."""
+        for (kind, oid), data in members.items():
+            if oid_of(data) != oid:
+                continue
+            if kind in PACKED_KINDS:
+                self._cache.put(object_rel(validate_kind(kind), oid), data)
+                self._found_in[oid] = pack_oid
+                self._holders.setdefault(oid, (pack_oid,))
+            elif self._in_run:
+                self._cache.put(object_rel(validate_kind(kind), oid), data)
+        self._opened.add(pack_oid)
+
+    def open_packs(self, pack_oids: Iterable[str]
+                   ) -> dict[str, Mapping[tuple[str, str], bytes] | Exception]:
+        """Reads packs (one concurrent batch) and returns each one's members, each checked
+        against its own oid (or why the pack cannot be used: missing, not a pack; the objects
+        it would hold are then looked for elsewhere). A pack whose bytes no longer hash to
+        its id is damaged, and its members that still match their ids are used (logged;
+        ``verify`` reports the pack): damage costs what it touched, not the whole pack. The
+        members become readable as objects (:meth:`hold_members`); the packs' bytes are not
+        kept."""
+        out: dict[str, Mapping[tuple[str, str], bytes] | Exception] = {}
+        todo = [oid for oid in dict.fromkeys(pack_oids)]
+        if not todo:
+            return out
+        self._ensure_ready()
+        rels = {oid: object_rel(PACK_KIND, oid) for oid in todo}
+        raw = self._b.read_many(f"reading {len(todo)} packs from {self.url}",
+                                [self._path(rel) for rel in rels.values()],
+                                limit=MAX_OBJECT_BYTES)
+        for pack_oid, rel in rels.items():
+            got = raw[self._path(rel)]
+            # opened (self._opened) once its members are held: a reader in another thread
+            # that finds it opened must find what it holds
+            if isinstance(got, BaseException) or got is None or _too_long(got, MAX_OBJECT_BYTES):
+                problem: Exception = got if isinstance(got, Exception) else \
+                    TooLarge(self._url(rel), MAX_OBJECT_BYTES) if got is not None \
+                    else ObjectNotFound(self._url(rel))
+                logger.warning("pack %s unusable (%s); what it holds is looked for elsewhere",
+                               pack_oid, problem)
+                self._opened.add(pack_oid)
+                out[pack_oid] = problem
+                continue
+            if oid_of(got) != pack_oid:
+                self._damaged_packs[pack_oid] = got
+                logger.warning("pack %s is damaged (its bytes hash to %s); its members that "
+                               "still match their ids are used, the others computed again "
+                               "(run `evalsnap verify`)", self._url(rel), oid_of(got))
+            if _unpacker is None:
+                out[pack_oid] = StorageError(f"pack {pack_oid}: no pack reader is set "
+                                             "(storage.store.set_unpacker)")
+                self._opened.add(pack_oid)
+                continue
+            try:
+                members = _unpacker(got, pack_oid)
+            except Exception as exc:  # not a pack: as if absent (logged, verify reports it)
+                logger.warning("%s", exc)
+                self._opened.add(pack_oid)
+                out[pack_oid] = exc
+                continue
+            self.hold_members(pack_oid, members)
+            out[pack_oid] = members
+        return out
+
+    def _from_packs(self, kind: str, todo: dict[str, str],
+                    out: dict[str, bytes | Exception]) -> None:
+        """Serves what it can of ``todo`` (oid → rel) from packs, each pack opened at most
+        once per call (again only if the read cache let go of what it held)."""
+        tried: set[str] = set()
+        while todo:
+            need: dict[str, None] = {}
+            for oid, rel in list(todo.items()):
+                data = self._cache.get(rel) if oid in self._found_in else None
+                if data is not None:
+                    out[oid] = data
+                    del todo[oid]
+                    continue
+                found = self._found_in.get(oid)
+                for p in ((found,) if found is not None else self._holders.get(oid, ())):
+                    if p not in tried and (found is not None or p not in self._opened):
+                        need[p] = None
+            if not need:
+                return
+            batch = list(need)[:PACK_OPEN_BATCH]
+            tried.update(batch)
+            self.open_packs(batch)
 
     def _checked(self, rel: str, oid: str, data: bytes | None) -> bytes:
         if data is None:
@@ -402,7 +589,8 @@ class Store:
 
     def prove_objects(self, kind: str, contents: Mapping[str, bytes]) -> set[str]:
         """The oids of ``contents`` (oid → bytes known from elsewhere, e.g. a pack) whose
-        object the store holds intact: on a bucket, proved by one listing of the kind (its
+        object the store holds intact: a unit or judge entry that a pack this instance read
+        holds (its only copy); else on a bucket, proved by one listing of the kind (its
         MD5s, 1,000 objects a request) instead of one download each; where a listing proves
         nothing (local disk, memory, multipart uploads), by reading the object."""
         kind = validate_kind(kind)
@@ -412,8 +600,10 @@ class Store:
             rel = object_rel(kind, oid)
             if oid_of(data) != oid:
                 continue
-            if rel in self._known or self._proved(rel, data,
-                                                  area=f"{LAYOUT_VERSION}/objects/{kind}"):
+            if oid in self._found_in and kind in PACKED_KINDS:
+                proved.add(oid)  # a pack read (or written) by this instance holds it, whole
+            elif rel in self._known or self._proved(rel, data,
+                                                    area=f"{LAYOUT_VERSION}/objects/{kind}"):
                 proved.add(oid)
                 self._learn(rel, data)
             else:

@@ -16,6 +16,7 @@ import pytest
 from evalsnap.records import EvaluationRecord, LedgerEntry, ScoreUnit, repo
 from evalsnap.reports.verify import verify_store
 from storage import Store
+from tests import _packs
 from tests._cli import run_inproc
 
 KINDS = ["inference", "snapshot", "unit", "judge", "record", "manifest"]
@@ -78,10 +79,27 @@ def flip_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+PACKED = {"unit": "unit", "judge": "judge", "judge_unit": "unit"}
+"""A scoring task's units and judge entries live only in packs: their damage is a flipped
+character of the member's text inside its pack (the pack then no longer hashes to its name,
+its other members still match theirs)."""
+
+
+def damage(store: Path, base: dict[str, Any], kind: str) -> None:
+    if kind not in PACKED:
+        flip_byte(_path_of(store, base, kind))
+        return
+    oid = base["targets"][kind]
+    text = _packs.member(_packs.Local(store), PACKED[kind], oid).decode()
+    middle = len(text) // 2
+    flipped = text[:middle] + chr(ord(text[middle]) ^ 0x01) + text[middle + 1:]
+    _packs.damage_member(_packs.Local(store), PACKED[kind], oid, flipped)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_flipped_byte_is_found_by_verify(base: dict[str, Any], kind: str) -> None:
     store = _copy(base, f"verify-{kind}")
-    flip_byte(_path_of(store, base, kind))
+    damage(store, base, kind)
     report = verify_store(Store(str(store)))
     assert not report.ok
     if kind == "manifest":
@@ -99,7 +117,7 @@ def test_verify_cli_exits_0_when_clean_and_1_naming_the_object(base: dict[str, A
     clean = run_inproc("verify", "--store", str(base["store"]))
     assert clean.code == 0, clean.stdout + clean.stderr
     store = _copy(base, "verify-cli")
-    flip_byte(_path_of(store, base, "unit"))
+    damage(store, base, "unit")
     damaged = run_inproc("verify", "--store", str(store))
     assert damaged.code == 1
     assert base["targets"]["unit"].removeprefix("sha256:")[2:] in damaged.stderr
@@ -111,7 +129,7 @@ def test_verify_cli_exits_0_when_clean_and_1_naming_the_object(base: dict[str, A
 def _reuse_after(base: dict[str, Any], name: str, kinds: tuple[str, ...]) -> dict[str, Any]:
     store = _copy(base, name)
     for kind in kinds:
-        flip_byte(_path_of(store, base, kind))
+        damage(store, base, kind)
     warm = run_inproc("run", str(base["agent"]), str(base["agent"] / "shop.evalset.json"),
                    "--store", str(store), "--json", "--reuse")
     return {"store": store, "warm": warm}
@@ -197,8 +215,15 @@ def test_a_units_verdict_is_read_and_checked_as_the_unit_is(base: dict[str, Any]
 
     store = _copy(base, "verdict")
     oid = base["targets"]["judge_unit"]
-    unit = repo.get(Store(str(store)), ScoreUnit, oid)
-    verdict = repo.get_unit_verdict(Store(str(store)), oid)
+
+    def reader() -> Store:
+        """A store that read the record (which says which packs hold its units)."""
+        s = Store(str(store))
+        repo.get(s, EvaluationRecord, base["targets"]["record"])
+        return s
+
+    unit = repo.get(reader(), ScoreUnit, oid)
+    verdict = repo.get_unit_verdict(reader(), oid)
     assert (verdict.score, verdict.status, verdict.metric_status, verdict.gate_score,
             verdict.threshold, verdict.complete, verdict.reason, verdict.judge_calls,
             verdict.trace) == (unit.score, unit.status, unit.metric_status, unit.gate_score,
@@ -206,11 +231,11 @@ def test_a_units_verdict_is_read_and_checked_as_the_unit_is(base: dict[str, Any]
                                unit.trace)
     assert [(r.score, r.status) for r in verdict.rows] == [(r.score, r.status) for r in unit.rows]
     assert verdict.rows, "expected the judge unit to have invocation rows"
-    flip_byte(_path_of(store, base, "judge_unit"))
+    damage(store, base, "judge_unit")
     with pytest.raises(EvalsnapError) as direct:
-        repo.get(Store(str(store)), ScoreUnit, oid)
+        repo.get(reader(), ScoreUnit, oid)
     with pytest.raises(EvalsnapError) as viewed:
-        repo.get_unit_verdict(Store(str(store)), oid)
+        repo.get_unit_verdict(reader(), oid)
     assert type(viewed.value) is type(direct.value) and oid in str(viewed.value)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from evalsnap.pipeline.publish import RECOVERED
+from tests import _packs
 from tests._cli import run_inproc
 from tests.conftest import copy_agent, copy_shop
 
@@ -111,7 +112,10 @@ def test_a_damaged_unit_snapshot_or_ledger_entry_is_repaired_by_the_next_run(bas
                ("judge", metrics["final_response_match_v2"]["ledger"][0]["oid"]),
                ("snapshot", shown["record"]["snapshot_oid"])]
     for kind, oid in damaged:
-        _object(store, kind, oid).write_bytes(b'{"damaged": true}')
+        if kind in ("unit", "judge"):  # their only copy: a member of a scoring task's pack
+            _packs.damage_member(_packs.Local(store), kind, oid, '{"damaged": true}')
+        else:
+            _object(store, kind, oid).write_bytes(b'{"damaged": true}')
     broken = run_inproc("verify", "--store", str(store), "--json")
     assert broken.code == 1
     assert {p["oid"] for p in broken.json["problems"]} >= {oid for _, oid in damaged}
@@ -125,5 +129,8 @@ def test_a_damaged_unit_snapshot_or_ledger_entry_is_repaired_by_the_next_run(bas
     fixed = run_inproc("verify", "--store", str(store), "--json")
     assert fixed.code == 0, fixed.json["problems"]
     for kind, oid in damaged:  # the very objects the first run's record names, sound again
-        assert _object(store, kind, oid).read_bytes() != b'{"damaged": true}'
+        if kind in ("unit", "judge"):  # (member() checks the bytes hash to the id)
+            assert _packs.member(_packs.Local(store), kind, oid) != b'{"damaged": true}'
+        else:
+            assert _object(store, kind, oid).read_bytes() != b'{"damaged": true}'
     assert run_inproc("show", first.json["record_id"], "--store", str(store)).code == 0

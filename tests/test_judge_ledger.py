@@ -89,12 +89,12 @@ def score_all(first: dict[str, Any], config: dict[str, Any], *,
 
 def units_of(store_url: str, units: list[UnitView]) -> dict[tuple[str, str], ScoreUnit]:
     store = repo.open_store(store_url)
-    return {(u.eval_id, u.metric_name): repo.get(store, ScoreUnit, u.unit_oid) for u in units}
+    return {(u.eval_id, u.metric_name): repo.find(store, ScoreUnit, u.unit_oid) for u in units}
 
 
 def entries(store_url: str, unit: ScoreUnit) -> list[LedgerEntry]:
     store = repo.open_store(store_url)
-    return [repo.get(store, LedgerEntry, oid) for oid in unit.ledger]
+    return [repo.find(store, LedgerEntry, oid) for oid in unit.ledger]
 
 
 def samples_of(config: dict[str, Any], metric: str) -> int:

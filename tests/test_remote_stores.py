@@ -8,6 +8,7 @@ process each, since a new process is what they are about.
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Iterator
@@ -127,8 +128,12 @@ def test_reuse_from_a_new_process_makes_no_model_calls(runs: dict[str, Any]) -> 
 
 def test_objects_manifests_and_task_cache_live_in_the_bucket(runs: dict[str, Any]) -> None:
     fs, root = runs["fs"], runs["url"].split("://", 1)[1]
-    for kind in ("inference", "snapshot", "unit", "judge", "record"):
+    for kind in ("inference", "snapshot", "pack", "record"):
         assert fs.find(f"{root}/v1/objects/{kind}"), kind
+    # a scoring task's units and judge entries are written only as packs
+    members = {m["kind"] for p in fs.find(f"{root}/v1/objects/pack")
+               for m in json.loads(fs.cat_file(p))["members"]}
+    assert {"unit", "judge", "inference"} <= members, members
     runs_dir = fs.ls(f"{root}/v1/refs/runs")
     assert {p.rsplit("/", 1)[-1] for p in runs_dir} == {
         runs["cold"].json["run_id"], runs["warm"].json["run_id"]}

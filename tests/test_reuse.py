@@ -172,10 +172,10 @@ class World:
 
     # store
     def unit(self, out: Out, eval_id: str, metric: str) -> ScoreUnit:
-        return repo.get(self.store, ScoreUnit, out.ref(eval_id, metric).unit_oid)
+        return repo.find(self.store, ScoreUnit, out.ref(eval_id, metric).unit_oid)
 
     def incomplete_in_base(self) -> set[Key]:
-        units = {(u.eval_id, u.metric_name): repo.get(self.store, ScoreUnit, u.unit_oid)
+        units = {(u.eval_id, u.metric_name): repo.find(self.store, ScoreUnit, u.unit_oid)
                  for u in self.base.units}
         return {k for k, u in units.items() if not u.complete}
 
@@ -308,7 +308,7 @@ def test_force_scores_everything_and_keeps_both_records(world: World) -> None:
 
 
 def test_incomplete_units_never_reused_complete_failed_units_are(world: World) -> None:
-    base_units = {(u.eval_id, u.metric_name): repo.get(world.store, ScoreUnit, u.unit_oid)
+    base_units = {(u.eval_id, u.metric_name): repo.find(world.store, ScoreUnit, u.unit_oid)
                   for u in world.base.units}
     failed = {k for k, u in base_units.items() if u.complete and u.status == "FAILED"}
     assert failed, "the example eval set is built to have quality failures"

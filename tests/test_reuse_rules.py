@@ -21,6 +21,7 @@ so the same table runs on local disk (this module) and in a moto S3 bucket
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from collections.abc import Callable
@@ -33,6 +34,7 @@ import pytest
 from fsspec.spec import AbstractFileSystem
 
 from evalsnap.records import EvaluationRecord, ScoreUnit, repo
+from tests import _packs
 from tests._cli import run_inproc
 from tests.conftest import CliResult, copy_shop
 
@@ -163,7 +165,7 @@ def stored_record(store: StoreFiles, run_id: str) -> tuple[str, EvaluationRecord
 
 
 def stored_unit(store: StoreFiles, oid: str) -> ScoreUnit:
-    return repo.get(store.open(), ScoreUnit, oid)
+    return repo.find(store.open(), ScoreUnit, oid)
 
 
 # ---- the prepared store -----------------------------------------------------------------------
@@ -265,16 +267,28 @@ DAMAGED_INFERENCE = "greeting_then_weather"
 
 
 def damage_units(w: World) -> None:
+    """A scoring task writes its units only as packs: one unit's text in its pack is damaged
+    (the pack no longer hashes to its name; its other members still match their ids), and
+    the pack holding another unit is deleted (every unit it held is gone)."""
     w.start_damage()
     damaged, deleted = w.base_unit_oid(DAMAGED_UNIT), w.base_unit_oid(DELETED_UNIT)
-    key = object_key("unit", damaged)
-    assert w.store.is_file(key), f"expected the unit object of {DAMAGED_UNIT} at {w.store.at(key)}"
-    w.store.write(key, b'{"not": "the unit that hashes to its name"}')
-    gone = object_key("unit", deleted)
-    assert w.store.is_file(gone), \
-        f"expected the unit object of {DELETED_UNIT} at {w.store.at(gone)}"
+    damaged_pack = _packs.pack_of(w.store, "unit", damaged)
+    w.notes["damaged_pack"] = _pack_oid(damaged_pack)
+    _packs.damage_member(w.store, "unit", damaged)
+    gone = _packs.pack_of(w.store, "unit", deleted)
+    assert gone != damaged_pack, "expected the two units in packs of their own metrics"
+    held = {m["oid"] for m in json.loads(w.store.read(gone))["members"] if m["kind"] == "unit"}
     w.store.delete(gone)
-    w.damaged = {damaged: "unit", deleted: "unit"}
+    _, record = stored_record(w.store, w.base.first["run_id"])
+    w.notes["lost"] = {(u.eval_id, u.metric_name) for u in record.units if u.unit_oid in held}
+    assert DELETED_UNIT in w.notes["lost"]
+    w.damaged = {damaged: "unit", **dict.fromkeys(held, "unit"),
+                 _pack_oid(damaged_pack): "pack", _pack_oid(gone): "pack"}
+
+
+def _pack_oid(rel: str) -> str:
+    """The id of the pack at store-relative path ``rel``."""
+    return "sha256:" + "".join(rel.removeprefix("v1/objects/pack/").split("/"))
 
 
 def damage_inference(w: World) -> None:
@@ -300,10 +314,9 @@ def damage_judge_entry(w: World) -> None:
     unit = stored_unit(w.store, w.base_unit_oid((DAMAGED_JUDGE_CASE, JUDGE)))
     assert unit.ledger, f"expected ledger entries on the {JUDGE} unit of {DAMAGED_JUDGE_CASE}"
     oid = unit.ledger[0]
-    key = object_key("judge", oid)
-    assert w.store.is_file(key), f"expected the judge entry {oid} at {w.store.at(key)}"
-    w.store.write(key, b'{"not": "the judge entry that hashes to its name"}')
-    w.damaged = {oid: "judge"}
+    held_by = _packs.pack_of(w.store, "judge", oid)
+    _packs.damage_member(w.store, "judge", oid)
+    w.damaged = {oid: "judge", _pack_oid(held_by): "pack"}
     found = run_inproc("verify", "--store", w.store.url, "--json", env=w.env)
     assert found.code == 1 and oid in {p["oid"] for p in found.json["problems"]}, \
         f"expected verify to name the damaged judge entry {oid}: {found.stdout[-2000:]}"
@@ -431,8 +444,10 @@ def judge_asked_again_for_the_damaged_entry(w: World, runs: list[CliResult]) -> 
         f"expected one judge call (the damaged entry's sample), got {out['judge_calls']}"
     assert out["reused_judge_samples"] > 0, "expected the other answers from the ledger"
     _assert_new_manifests_name_no_damaged_object(w)
-    [oid] = w.damaged
+    [oid] = [o for o, kind in w.damaged.items() if kind == "judge"]
     assert _sound(w, oid, "judge"), "expected the judge's same answer to repair the entry"
+    assert all(_sound(w, o, kind) for o, kind in w.damaged.items()), \
+        "expected the pack that held the entry rebuilt whole (its other members were sound)"
 
 
 def new_rms_threshold(w: World, runs: list[CliResult]) -> None:
@@ -463,9 +478,12 @@ def garbled_then_complete(w: World, runs: list[CliResult]) -> None:
 
 def units_rescored_cleanly(w: World, runs: list[CliResult]) -> None:
     _assert_new_manifests_name_no_damaged_object(w)
-    # scored again on the same inputs, a deterministic unit is the same bytes: repaired
+    # scored again on the same inputs, a deterministic unit is the same bytes: its pack,
+    # whose other members were sound, is rebuilt whole (repaired)
     assert _sound(w, w.base_unit_oid(DAMAGED_UNIT), "unit"), \
         f"expected the damaged unit of {DAMAGED_UNIT} repaired by the run that scored it again"
+    assert _sound(w, w.notes["damaged_pack"], "pack"), \
+        "expected the pack that held the damaged unit rebuilt whole by the run"
 
 
 def inference_rerun_for_one_case(w: World, runs: list[CliResult]) -> None:
@@ -496,10 +514,32 @@ def forced(w: World, runs: list[CliResult]) -> None:
 
 
 def _sound(w: World, oid: str, kind: str) -> bool:
+    """Whether ``oid`` is there, whole, for every reader: a pack that hashes to its name; a
+    unit or judge entry that every record naming it (through its units' ledgers) can read
+    (from the packs it names, or a loose copy); any other object by its id."""
     from evalsnap.reports.verify import RECORD_TYPES
 
+    if kind == "pack":
+        rel = object_key("pack", oid)
+        return w.store.is_file(rel) and \
+            "sha256:" + hashlib.sha256(w.store.read(rel)).hexdigest() == oid
     try:
-        repo.get(w.store.open(), RECORD_TYPES[kind], oid)
+        if kind not in ("unit", "judge"):
+            repo.get(w.store.open(), RECORD_TYPES[kind], oid)
+            return True
+        for run_id in manifests(w.store):
+            store = w.store.open()
+            _, record = repo.resolve_record(store, run_id)
+            for ref in record.units:
+                if kind == "unit" and ref.unit_oid == oid:
+                    repo.get(store, ScoreUnit, oid)
+                elif kind == "judge":
+                    try:
+                        ledger = repo.get(store, ScoreUnit, ref.unit_oid).ledger
+                    except Exception:  # noqa: BLE001 - its unit is another finding
+                        continue
+                    if oid in ledger:
+                        repo.get(store, RECORD_TYPES[kind], oid)
     except Exception:  # noqa: BLE001 - any failure to read it is "not sound"
         return False
     return True
@@ -518,8 +558,12 @@ def _assert_new_manifests_name_no_damaged_object(w: World) -> None:
         assert not still, \
             f"expected run {run_id} (written after the damage) to name no damaged or deleted " \
             f"object, but it names {sorted(still)}"
+        packs = [e["oid"] for e in m["objects"] if e["kind"] == "pack"]
+        held = {mem["oid"] for p in packs if w.store.is_file(object_key("pack", p))
+                for mem in json.loads(w.store.read(object_key("pack", p)))["members"]}
         for entry in m["objects"]:
-            assert w.store.is_file(object_key(entry["kind"], entry["oid"])), \
+            assert w.store.is_file(object_key(entry["kind"], entry["oid"])) or (
+                entry["kind"] in ("unit", "judge") and entry["oid"] in held), \
                 f"expected {entry['kind']} object {entry['oid']} named by run {run_id} to exist"
 
 
@@ -575,8 +619,8 @@ SCENARIOS = [
              pre_runs=(("--reuse",),), pre_env={"EVALSNAP_DEMO_JUDGE_GARBLE": "1"},
              pre_code=3, why={JUDGE: "incomplete before"}, extra=garbled_then_complete),
     # a damaged object counts as absent for reuse: the work is done again, the run succeeds
-    Scenario("damaged_unit_object", units(DAMAGED_UNIT, DELETED_UNIT), setup=damage_units,
-             extra=units_rescored_cleanly, damage=True),
+    Scenario("damaged_unit_object", lambda w: {DAMAGED_UNIT, *w.notes["lost"]},
+             setup=damage_units, extra=units_rescored_cleanly, damage=True),
     Scenario("damaged_inference_object", units(), setup=damage_inference,
              extra=inference_rerun_for_one_case, damage=True),
     # a damaged judge entry is never an answer from the ledger: that sample is asked again
@@ -673,6 +717,12 @@ def check_verify(w: World, s: Scenario) -> None:
         return
     assert w.runs_before_damage is not None
     problems = report["problems"]
+    if all(_sound(w, oid, kind) for oid, kind in w.damaged.items()):
+        # the runs did every damaged object again byte for byte: repaired, nothing to report
+        assert r.code == 0 and report["ok"], \
+            f"expected verify clean once every damaged object was repaired, got {problems}"
+        _assert_new_manifests_name_no_damaged_object(w)
+        return
     assert r.code == 1 and problems, \
         f"expected verify to report the deliberately damaged objects (exit 1), got {r.code}"
     stray = [p for p in problems if p["oid"] not in w.damaged]

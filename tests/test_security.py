@@ -32,7 +32,8 @@ def test_store_contains_no_credentials_headers_or_env(tmp_path: Path, shop_copy:
     assert result.code in (0, 1), result.stderr[-3000:]
     assert result.json["judge_calls"] == 2  # the judge really ran with that config
     files = [f for f in store.rglob("*") if f.is_file()]
-    assert any("/objects/judge/" in str(f) for f in files)
+    # the judge ledger entries (in the scoring task's pack) are among the files searched
+    assert any("/objects/pack/" in str(f) and b'"kind":"judge"' in f.read_bytes() for f in files)
     for f in files:
         data = f.read_bytes()
         for secret in (SECRET_HEADER, SECRET_ENV, "secret-endpoint"):

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from evalsnap.records import EvaluationRecord, ManifestEntry, repo, segments
+from evalsnap.records import EvaluationRecord, ManifestEntry, ScoreUnit, repo, segments
 from storage import Store
 from tests._cli import run_inproc
 from tests.conftest import CliResult, copy_shop
@@ -181,6 +181,8 @@ def _as_earlier_layout(store: Path) -> None:
             repo.write_index_entry(s, "index/unit", key, {
                 "unit_oid": oid, "run_id": run, "complete": complete,
                 "record_oid": segment.record_oid})
+            # and its unit loose, as an evalsnap before packs wrote it
+            s.put_object("unit", repo.find(s, ScoreUnit, oid).to_bytes())
         if segment.units:
             s.delete_ref(segments.NAMESPACE, name)
     shutil.rmtree(_refs(store, "index/evalset"))

@@ -7,9 +7,11 @@ which entries and objects a rerun will most likely ask for, so :func:`prime` pro
 bulk, with the same result the one-by-one reads would give:
 
 * the record's packs (:mod:`evalsnap.records.pack`) hold the bytes of its units, inference
-  records and judge entries, each checked against its id;
-* one listing per object kind proves those objects are in the store, whole (a bucket
-  lists each object's MD5; elsewhere each is read and re-hashed);
+  records and judge entries, each checked against its id when the pack is read: a unit or
+  entry a pack holds is in the store, whole (its pack is its only copy);
+* one listing per object kind proves the loose objects are in the store, whole (inference
+  records, and units of stores written by earlier versions: a bucket lists each object's
+  MD5; elsewhere each is read and re-hashed);
 * for inferences, one listing of the inference index proves each entry holds exactly the
   bytes the record implies (same MD5), so the entry says what a read would say; a unit the
   record names for its key needs no index entry (the record is what the index points at).
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evalsnap.errors import EvalsnapError
-from evalsnap.records import EvaluationRecord, ScoreUnit, pack, repo
+from evalsnap.records import EvaluationRecord, ScoreUnit, repo
 from storage import Store
 
 __all__ = ["Hints", "hints_of", "packs_for", "prime"]
@@ -93,20 +95,13 @@ def prime(store: Store, eval_set_id: str) -> Hints:
 def _pack_members(store: Store, record: EvaluationRecord,
                   hints: Hints) -> dict[tuple[str, str], bytes]:
     members: dict[tuple[str, str], bytes] = {}
-    for pack_oid, got in store.get_objects(pack.KIND, record.packs).items():
-        if not isinstance(got, bytes):
-            logger.warning("pack %s unusable (%s); its objects are read one by one",
-                           pack_oid, got)
-            continue
-        try:
-            found = pack.read_pack(got, where=pack_oid)
-        except EvalsnapError as exc:
-            logger.warning("%s", exc)
-            continue
+    for pack_oid, found in store.open_packs(record.packs).items():
+        if isinstance(found, Exception):  # logged by the store: its objects are looked for
+            continue                      # one by one (a loose copy, or none: recomputed)
         for (kind, oid), data in found.items():
             members[(kind, oid)] = data
-            hints.packs_of.setdefault(oid, []).append(pack_oid)
-            store.remember(kind, oid, data)
+            if not store.pack_damaged(pack_oid):  # a new record never names a damaged pack
+                hints.packs_of.setdefault(oid, []).append(pack_oid)
     return members
 
 

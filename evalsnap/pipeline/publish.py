@@ -208,6 +208,7 @@ def publish(req: PublishRequest, ctx: RunContext, *,
     store = ctx.store
     snapshot = repo.get_snapshot(store, req.snapshot_oid)
     unit_packs = _own_packs(store, req.units, req.run_id)
+    pack.repair(store)  # a damaged pack whose members this run did again (in any process)
     parent_oid = repo.latest_record_for(store, snapshot.eval_set_id)
     try:
         parent_units, parent_snapshot = _parent_view(store, parent_oid)
@@ -307,7 +308,8 @@ def publish(req: PublishRequest, ctx: RunContext, *,
     with ctx.commits.committing():  # a signal waits for the commit to end (evalsnap.cli.signals)
         record_oid = repo.put(store, record)
         repo.index_units(store, [(o.unit_fingerprint, o.complete, o.unit_oid, o.run_id)
-                                 for o in fresh + recovered], record_oid, req.run_id)
+                                 for o in fresh + recovered], record_oid, req.run_id,
+                         packs=list(dict.fromkeys(p for o in fresh + recovered for p in o.packs)))
         repo.set_latest_record(store, snapshot.eval_set_id, record_oid, req.run_id)
         objects = [ManifestEntry(kind="record", oid=record_oid),
                    ManifestEntry(kind="snapshot", oid=req.snapshot_oid)]

@@ -136,12 +136,29 @@ def reusable_unit(store: Store, rule: MetricRule, frozen: FrozenCase, *, reuse: 
     if isinstance(found, str):
         return None, found
     oid, unit, entry = found
+    packs = hints.packs_for(store, [oid]) or store.packs_holding(oid)
+    if not packs and store.in_damaged_pack(oid) and not _copied_out(store, oid, unit):
+        return None, "new"
     return UnitOutcome(
         eval_id=frozen.eval_id, repetition=frozen.repetition, metric_name=rule.metric_name,
         unit_oid=oid, unit_fingerprint=ufp, case_fingerprint=frozen.case_fingerprint,
         rule_fingerprint=rule.rule_fingerprint, complete=True, status=unit.status,
         score=unit.score, run_id=entry["run_id"], reused_from_record=entry.get("record_oid"),
-        why="reused", packs=hints.packs_for(store, [oid])), "reused"
+        why="reused", packs=packs), "reused"
+
+
+def _copied_out(store: Store, oid: str, unit: ScoreUnit) -> bool:
+    """A sound unit read from a damaged pack (its own member matched its id) gets loose
+    copies of itself and its ledger entries, so that the record reusing it names no damaged
+    pack; False (the unit is scored again) if an entry of its ledger is not sound."""
+    try:
+        entries = [store.get_object("judge", e) for e in unit.ledger]
+    except EvalsnapError as exc:
+        logger.warning("unit %s: a ledger entry is unusable (%s); scoring again", oid, exc)
+        return False
+    store.put_objects("judge", entries)
+    store.put_object("unit", store.get_object("unit", oid))
+    return True
 
 
 # ---- judge samples --------------------------------------------------------------------------

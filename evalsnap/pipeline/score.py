@@ -177,17 +177,20 @@ async def score_metric_async(req: ScoreRequest, ctx: RunContext,
     wanted = set(req.case_ids) if req.case_ids is not None else None
     cases = [c for c in snapshot.cases if wanted is None or c.eval_id in wanted]
     outcomes: list[UnitOutcome] = []
-    for start in range(0, len(cases), CHUNK):  # scored, written and packed a chunk at a time
+    for start in range(0, len(cases), CHUNK):  # scored and written as packs a chunk at a time
         writes = repo.WriteBatch(store, req.run_id)
         chunk = list(await asyncio.gather(*(one(c) for c in cases[start:start + CHUNK])))
-        written = writes.flush()  # the chunk's new objects together, then the entries
-        outcomes += packed(store, chunk, req.run_id, written)
+        holders = writes.flush()  # the chunk's new units and entries as packs, then the index
+        outcomes += [o.model_copy(update={"packs": holders[o.unit_oid]})
+                     if o.run_id == req.run_id and o.unit_oid in holders else o for o in chunk]
+    pack.repair(store)  # a damaged pack whose members this task did again
     return outcomes
 
 
-#: Units of one metric scored, written and packed at a time: what a metric task holds (its
-#: units' and judge entries' bytes twice, as written and as packs: ~50 MB a judge metric at
-#: 2,000, several metric tasks at once in one process; measured with memray at 2,000 cases).
+#: Units of one metric scored and written (as packs) at a time: what a metric task holds (its
+#: units' and judge entries' bytes, as objects and as packs: ~50 MB a judge metric at 2,000,
+#: several metric tasks at once in one process; measured with memray at 2,000 cases). A run
+#: killed while scoring keeps the chunks written before.
 CHUNK = 500
 _PRIMED = "score.inference packs read"
 _PRIMED_LOCK = threading.Lock()
@@ -210,40 +213,6 @@ def frozen_inferences(store: Store, snapshot_oid: str, snapshot: Snapshot,
         for kind, oid, body in pack.members_of(store, snapshot.packs):
             if kind == "inference":
                 store.written_elsewhere(kind, oid, body)
-
-
-def packed(store: Store, outcomes: list[UnitOutcome], run_id: str,
-           written: dict[str, dict[str, bytes]] | None = None) -> list[UnitOutcome]:
-    """Writes this task's new units and their judge entries as packs as well (see
-    :mod:`evalsnap.records.pack`; the bytes are still in memory, ``written`` by the task's
-    batch, else in the read cache: nothing is read back) and names the packs in each new
-    unit's outcome."""
-    def bytes_of(kind: str, oid: str) -> bytes | None:
-        found = (written or {}).get(kind, {}).get(oid)
-        return found if found is not None else store.remembered(kind, oid)
-
-    members: list[tuple[str, bytes]] = []
-    for o in outcomes:
-        if o.run_id != run_id:
-            continue
-        unit_bytes = bytes_of("unit", o.unit_oid)
-        if unit_bytes is None:
-            continue
-        for entry_oid in ScoreUnit.from_bytes(unit_bytes, where=o.unit_oid).ledger:
-            entry_bytes = bytes_of("judge", entry_oid)
-            if entry_bytes is not None:
-                members.append(("judge", entry_bytes))
-        members.append(("unit", unit_bytes))
-    built = pack.build_packs(members)
-    if not built:
-        return outcomes
-    oids = store.put_objects(pack.KIND, [data for data, _ in built])
-    holders: dict[str, list[str]] = {}
-    for pack_oid, (_, held) in zip(oids, built, strict=True):
-        for oid in held:
-            holders.setdefault(oid, []).append(pack_oid)
-    return [o.model_copy(update={"packs": holders[o.unit_oid]}) if o.unit_oid in holders
-            and o.run_id == run_id else o for o in outcomes]
 
 
 def units_lost(req: ScoreRequest, reason: str, ctx: RunContext) -> list[UnitOutcome]:

@@ -1,16 +1,22 @@
 """Packs: many small objects of one run in one content-addressed object, as git packs them.
 
 A bucket bills and waits per request, and a run's objects are many and small (a score unit
-is about 1 KB, a judge ledger entry 8 KB). So each scoring task also writes its new units
-and ledger entries as one pack (or a few, at most :data:`PACK_BYTES` each), and publish packs
-the run's inference records; the record names its packs (``EvaluationRecord.packs``). The
-next run of the eval set reads those few packs instead of every object one by one.
+is about 1 KB, a judge ledger entry 8 KB). So:
 
-A pack only *accelerates*: the loose objects stay the truth (every reader, ``verify`` and
-``gc`` work on them as before). What a pack holds is used only after the store proved that
-the loose object is there, whole (:meth:`storage.Store.prove_objects`: a bucket listing's
-MD5, else a read); a damaged or missing pack costs the reads it would have saved, never a
-wrong result. Each member is checked against its own id when a pack is read.
+* a scoring task writes its new units and judge ledger entries **only** as packs (a chunk of
+  units at a time, each unit in the same pack as its ledger entries: at most
+  :data:`PACK_BYTES` each); the record names the packs holding its units
+  (``EvaluationRecord.packs``), an index segment the packs holding what it indexes;
+* freeze packs the run's inference records and publish names those packs too: there the
+  loose records stay (each is written as its case finishes, so that a killed run keeps it),
+  and the packs spare the next run one read per case.
+
+The store finds an object in a pack when a layer above has said which packs may hold it
+(:meth:`storage.Store.locate`: a record's packs, a segment's, an outcome's) and reads the
+pack once (:meth:`storage.Store.open_packs`); what no pack holds is read as a loose object
+(stores written by earlier versions). Each member is checked against its own id when a pack
+is read: a damaged or missing pack costs the recomputation of what it held, never a wrong
+result; ``verify`` reports it, ``gc`` keeps a pack while a kept record or segment names it.
 
 Format (``schema: evalsnap.pack/1``): strict JSON, ``{"schema": ..., "members": [{"kind",
 "oid", "text"}...]}``, ``text`` being the member's UTF-8 bytes (every evalsnap object is JSON
@@ -28,12 +34,13 @@ from evalsnap.errors import CorruptRecordError
 from evalsnap.records._base import parse_stored
 from storage import OBJECT_KINDS, oid_of
 from storage.ids import OID_PATTERN
+from storage.store import set_unpacker
 
 if TYPE_CHECKING:
     from storage import Store
 
 __all__ = ["KIND", "PACK_BYTES", "PACK_SCHEMA", "build_packs", "each_pack", "members_of",
-           "read_pack", "write_packs"]
+           "pack_groups", "read_pack", "repair", "write_packs"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,16 +61,25 @@ def build_packs(members: Iterable[tuple[str, bytes]]) -> list[tuple[bytes, set[s
 def each_pack(members: Iterable[tuple[str, bytes]]) -> Iterator[tuple[bytes, set[str]]]:
     """:func:`build_packs` one pack at a time: a pack's bytes can be written and let go
     before the next is built (``members`` is read as the packs are cut)."""
+    return pack_groups([member] for member in members)
+
+
+def pack_groups(groups: Iterable[list[tuple[str, bytes]]]
+                ) -> Iterator[tuple[bytes, set[str]]]:
+    """Packs of ``groups`` of members (kind, bytes), each group whole in one pack (a unit
+    and its judge ledger entries), a pack cut once it reaches :data:`PACK_BYTES`: per pack
+    its bytes and the oids it holds, in order; the same groups give the same packs."""
     batch: list[dict[str, str]] = []
     size = 0
     seen: set[tuple[str, str]] = set()
-    for kind, data in members:
-        oid = oid_of(data)
-        if (kind, oid) in seen:
-            continue
-        seen.add((kind, oid))
-        batch.append({"kind": kind, "oid": oid, "text": data.decode("utf-8")})
-        size += len(data)
+    for group in groups:
+        for kind, data in group:
+            oid = oid_of(data)
+            if (kind, oid) in seen:
+                continue
+            seen.add((kind, oid))
+            batch.append({"kind": kind, "oid": oid, "text": data.decode("utf-8")})
+            size += len(data)
         if size >= PACK_BYTES:
             yield _encode(batch), {m["oid"] for m in batch}
             batch, size = [], 0
@@ -108,18 +124,15 @@ PACK_BATCH = 8
 
 
 def members_of(store: Store, pack_oids: list[str]) -> Iterator[tuple[str, str, bytes]]:
-    """(kind, oid, bytes) of every member of the packs, read :data:`PACK_BATCH` at a time,
-    each pack let go of once read; a pack that cannot be read is skipped (logged: what it
-    holds is then read object by object)."""
+    """(kind, oid, bytes) of every member of the packs, read :data:`PACK_BATCH` at a time
+    (:meth:`storage.Store.open_packs`: the members become readable as objects, the packs'
+    bytes are let go); a pack that cannot be read is skipped (logged: what it holds is then
+    looked for elsewhere)."""
     for start in range(0, len(pack_oids), PACK_BATCH):
-        for pack_oid, got in store.get_objects(KIND, pack_oids[start:start + PACK_BATCH]).items():
-            try:
-                members = read_pack(got, where=pack_oid) if isinstance(got, bytes) else {}
-            except CorruptRecordError as exc:
-                logger.warning("%s", exc)
+        for got in store.open_packs(pack_oids[start:start + PACK_BATCH]).values():
+            if isinstance(got, Exception):
                 continue
-            store.let_go(KIND, pack_oid)
-            for (kind, oid), data in members.items():
+            for (kind, oid), data in got.items():
                 yield kind, oid, data
 
 
@@ -131,3 +144,36 @@ def write_packs(store: Store, members: Iterable[tuple[str, bytes]]) -> list[str]
         oids += store.put_objects(KIND, [data])
         store.let_go(KIND, oids[-1])
     return oids
+
+
+def repair(store: Store) -> list[str]:
+    """Rewrites each pack the store found damaged in this run whose members are all at hand
+    again (the sound ones from the damaged pack, the others done again by this run, byte for
+    byte: objects hold no run id or time), if the rebuilt bytes hash to the pack's id;
+    returns the packs repaired. What cannot be rebuilt stays as it is (``verify`` reports
+    it; the records that name it are read without its damaged members)."""
+    repaired = []
+    for pack_oid, damaged in store.damaged_packs().items():
+        try:
+            raw = parse_stored(damaged, what=f"pack {pack_oid}")
+            listed = [(m["kind"], m["oid"]) for m in raw["members"]]
+        except (CorruptRecordError, KeyError, TypeError):
+            continue  # not even its list of members is left
+        texts: list[dict[str, str]] = []
+        for kind, oid in listed:
+            try:
+                body = store.get_object(kind, oid)
+            except Exception:  # noqa: BLE001 - not at hand (missing, damaged): no repair
+                break
+            texts.append({"kind": kind, "oid": oid, "text": body.decode("utf-8")})
+        else:
+            data = _encode(texts)
+            if oid_of(data) == pack_oid:
+                store.put_objects(KIND, [data])
+                store.let_go(KIND, pack_oid)
+                logger.warning("repaired damaged pack %s", pack_oid)
+                repaired.append(pack_oid)
+    return repaired
+
+
+set_unpacker(lambda data, where: read_pack(data, where=where))

@@ -48,11 +48,12 @@ from evalsnap.records import (
     Snapshot,
     StoredModel,
     UnitVerdict,
+    pack,
     segments,
 )
 from evalsnap.records._base import first_problem, parse_stored
-from storage import CorruptObjectError, ObjectNotFound, Store, TooLarge
-from storage.ids import OID_PATTERN
+from storage import CorruptObjectError, ObjectNotFound, Store, TooLarge, oid_of
+from storage.ids import OID_PATTERN, PACKED_KINDS
 
 logger = logging.getLogger(__name__)
 M = TypeVar("M", bound=StoredModel)
@@ -88,14 +89,17 @@ def put(store: Store, record: StoredModel) -> str:
 
 
 class WriteBatch:
-    """Objects and judge index entries written together (one concurrent batch per kind on a
-    bucket, objects before the index segment that names them) instead of one request at a
-    time from inside an event loop. Nothing is visible before :meth:`flush`."""
+    """Objects and judge index entries written together instead of one request at a time
+    from inside an event loop: the units and judge ledger entries as packs only (each unit
+    in one pack with its ledger entries, :mod:`evalsnap.records.pack`), other objects one
+    concurrent batch per kind, then the index segment that names them. Nothing is visible
+    before :meth:`flush`."""
 
     def __init__(self, store: Store, run_id: str) -> None:
         self.store = store
         self.run_id = run_id
         self._objects: dict[str, dict[str, bytes]] = {}
+        self._ledgers: dict[str, list[str]] = {}
         self._judge: list[tuple[str, str]] = []
         self._lock = threading.Lock()
 
@@ -104,6 +108,8 @@ class WriteBatch:
         oid = "sha256:" + hashlib.sha256(data).hexdigest()
         with self._lock:
             self._objects.setdefault(record.KIND, {})[oid] = data
+            if isinstance(record, ScoreUnit):
+                self._ledgers[oid] = list(record.ledger)
         self.store.remember(record.KIND, oid, data)
         return oid
 
@@ -113,16 +119,51 @@ class WriteBatch:
         with self._lock:
             self._judge.append((sample, oid))
 
-    def flush(self) -> dict[str, dict[str, bytes]]:
-        """Writes what the batch holds; returns the objects it wrote (kind → oid → bytes)."""
+    def flush(self) -> dict[str, list[str]]:
+        """Writes what the batch holds; returns the packs holding each unit and entry
+        written (oid → pack oids)."""
         with self._lock:
-            objects, judge = self._objects, self._judge
-            self._objects, self._judge = {}, []
+            objects, judge, ledgers = self._objects, self._judge, self._ledgers
+            self._objects, self._judge, self._ledgers = {}, [], {}
         for kind, items in objects.items():
-            self.store.put_objects(kind, list(items.values()))
+            if kind not in PACKED_KINDS:
+                self.store.put_objects(kind, list(items.values()))
+        holders = self._write_packs(objects.get("unit", {}), objects.get("judge", {}), ledgers)
         if judge:
-            segments.write_segment(self.store, run_id=self.run_id, judge=judge)
-        return objects
+            segments.write_segment(self.store, run_id=self.run_id, judge=judge,
+                                   packs=list(dict.fromkeys(
+                                       p for _, oid in judge for p in holders.get(oid, []))))
+        return holders
+
+    def _write_packs(self, units: dict[str, bytes], entries: dict[str, bytes],
+                     ledgers: dict[str, list[str]]) -> dict[str, list[str]]:
+        """Each unit with its ledger entries (an entry written earlier is read into its
+        unit's pack too: a pack is whole, gc keeps or removes it as one), entries of no unit
+        last, in id order."""
+        left = dict(entries)
+        groups: list[list[tuple[str, bytes]]] = []
+        # in the units' id order, not the order they finished in: the same units make the
+        # same packs (a run that scores a lost pack's units again writes that pack again)
+        for oid, data in sorted(units.items()):
+            group: list[tuple[str, bytes]] = []
+            for entry in ledgers.get(oid, []):
+                body = left.pop(entry, None) or entries.get(entry)
+                if body is None:
+                    body = self.store.get_object("judge", entry)
+                group.append(("judge", body))
+            groups.append([*group, ("unit", data)])
+        if left:
+            groups.append([("judge", body) for _, body in sorted(left.items())])
+        by_oid = {oid_of(body): (kind, body) for group in groups for kind, body in group}
+        holders: dict[str, list[str]] = {}
+        for data, held in pack.pack_groups(groups):
+            pack_oid = self.store.put_objects(pack.KIND, [data])[0]
+            self.store.let_go(pack.KIND, pack_oid)
+            self.store.hold_members(pack_oid, {(by_oid[oid][0], oid): by_oid[oid][1]
+                                               for oid in held})
+            for oid in held:
+                holders.setdefault(oid, []).append(pack_oid)
+        return holders
 
 
 def get(store: Store, cls: type[M], oid: str) -> M:
@@ -130,7 +171,31 @@ def get(store: Store, cls: type[M], oid: str) -> M:
         data = store.get_object(cls.KIND, oid)
     except ObjectNotFound as exc:
         raise NotFoundError(f"{cls.KIND} {oid} is not in store {store.url}: {exc}") from exc
-    return cls.from_bytes(data, where=oid)
+    value = cls.from_bytes(data, where=oid)
+    if isinstance(value, EvaluationRecord):
+        locate_units(store, value)
+    return value
+
+
+def locate_units(store: Store, record: EvaluationRecord) -> None:
+    """Tells ``store`` that the record's units (and with them their ledger entries) may be
+    held only by the record's packs (:meth:`storage.Store.locate`): every reader of a
+    record's units calls it (a record read by :func:`get` is located already)."""
+    if record.packs:
+        store.locate((ref.unit_oid for ref in record.units), record.packs)
+
+
+def find(store: Store, cls: type[M], oid: str) -> M:
+    """:func:`get` for an object known by its id alone (inspection, tests): a unit or judge
+    entry whose pack no record or segment read before names is looked for in every pack of
+    the store (each read at most once), after its loose object. Runs never need this."""
+    try:
+        return get(store, cls, oid)
+    except NotFoundError:
+        if cls.KIND not in PACKED_KINDS:
+            raise
+    store.locate([oid], store.iter_objects(pack.KIND))
+    return get(store, cls, oid)
 
 
 class _Parsed:
@@ -196,6 +261,7 @@ def get_unit_verdict(store: Store, oid: str) -> UnitVerdict:
 
 def unit_verdicts(store: Store, record: EvaluationRecord) -> dict[str, UnitVerdict]:
     """The verdicts of a record's units by unit oid (:func:`get_unit_verdict`)."""
+    locate_units(store, record)
     return {ref.unit_oid: get_unit_verdict(store, ref.unit_oid) for ref in record.units}
 
 
@@ -372,13 +438,14 @@ def load_unit(store: Store, oid: str) -> ScoreUnit | None:
 
 
 def index_units(store: Store, items: list[tuple[str, bool, str, str]], record_oid: str,
-                run_id: str) -> None:
+                run_id: str, packs: list[str] | None = None) -> None:
     """Points each unit key (fingerprint, complete, unit oid, run id) at this result: one
     index segment written by run ``run_id`` (an incomplete unit never hides a complete one:
-    :mod:`evalsnap.records.segments` prefers complete ones, so nothing is read first)."""
+    :mod:`evalsnap.records.segments` prefers complete ones, so nothing is read first);
+    ``packs``: those that hold the units."""
     segments.write_segment(store, run_id=run_id, record_oid=record_oid,
                            units=[(hexof(fp), oid, complete, run)
-                                  for fp, complete, oid, run in items])
+                                  for fp, complete, oid, run in items], packs=packs or ())
 
 
 # ---- runs, records, eval set history ---------------------------------------------------------

@@ -8,7 +8,11 @@ answers), named by its content, under ``v1/refs/index/segments/``::
 
     {"schema": "evalsnap.index-segment/1", "run_id": ..., "record_oid": ... | null,
      "created_at": ..., "units": [[key hex, unit oid, complete, run id | null], ...],
-     "judge": [[sample ref, entry oid], ...]}
+     "judge": [[sample ref, entry oid], ...], "packs": [pack oid, ...]}
+
+``packs`` (absent in segments of earlier versions) names the packs that may hold what the
+segment indexes (:mod:`evalsnap.records.pack`: a scoring task's units and ledger entries
+are written only as packs); a lookup tells the store (:meth:`storage.Store.locate`).
 
 A run lists the segments once, when it first looks a key of a kind up, and reads that
 kind's segments together (``units-…`` or ``judge-…``; a scoring task lists again when it
@@ -67,11 +71,13 @@ class Segment:
     """(key hex, unit oid, complete, run id) per unit."""
     judge: list[tuple[str, str]]
     """(sample ref, ledger entry oid) per judge answer."""
+    packs: tuple[str, ...] = ()
+    """The packs that may hold what it indexes."""
 
     def oids(self) -> set[str]:
         """Every object id it names (what gc keeps it for)."""
         named = {oid for _, oid, _, _ in self.units} | {oid for _, oid in self.judge}
-        return named | ({self.record_oid} if self.record_oid else set())
+        return named | set(self.packs) | ({self.record_oid} if self.record_oid else set())
 
 
 def _is_hex(value: Any) -> bool:
@@ -113,37 +119,47 @@ def parse_segment(data: bytes, *, where: str) -> Segment:
                 and _is_oid(item[1])):
             raise bad(f"judge entry {str(item)[:80]}")
         judge.append((item[0], item[1]))
-    return Segment(run_id, record_oid, created, units, judge)
+    packs = raw.get("packs", [])
+    if not isinstance(packs, list) or not all(_is_oid(p) for p in packs):
+        raise bad("packs must be a list of object ids")
+    return Segment(run_id, record_oid, created, units, judge, tuple(packs))
 
 
 def _encode(run_id: str, record_oid: str | None, created_at: str,
-            units: list[list[Any]], judge: list[list[str]]) -> bytes:
+            units: list[list[Any]], judge: list[list[str]], packs: list[str]) -> bytes:
     body: dict[str, Any] = {"schema": SCHEMA, "run_id": run_id, "record_oid": record_oid,
                             "created_at": created_at}
     if units:
         body["units"] = units
     if judge:
         body["judge"] = judge
+    if packs:
+        body["packs"] = packs
     return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
 
 
 def write_segment(store: Store, *, run_id: str, record_oid: str | None = None,
                   units: Sequence[tuple[str, str, bool, str]] = (),
-                  judge: Sequence[tuple[str, str]] = ()) -> list[str]:
+                  judge: Sequence[tuple[str, str]] = (),
+                  packs: Sequence[str] = ()) -> list[str]:
     """Writes the entries as segments (one concurrent batch on a bucket; a segment of units
     and one of judge answers, more only past :data:`SEGMENT_ENTRIES` each), known to this
     store's later lookups. ``units``: (key hex, unit oid, complete, run id); ``judge``:
-    (sample ref, entry oid). Returns the segments' names."""
+    (sample ref, entry oid); ``packs``: the packs that may hold what they name. Returns the
+    segments' names."""
+    pack_list = list(dict.fromkeys(packs))
     created = dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
     unit_rows = [[key, oid, complete, None if run == run_id else run]
                  for key, oid, complete, run in units]
     judge_rows = [[name, oid] for name, oid in judge]
     pages: dict[str, bytes] = {}
     for start in range(0, len(unit_rows), SEGMENT_ENTRIES):
-        data = _encode(run_id, record_oid, created, unit_rows[start:start + SEGMENT_ENTRIES], [])
+        data = _encode(run_id, record_oid, created, unit_rows[start:start + SEGMENT_ENTRIES], [],
+                       pack_list)
         pages[f"{UNITS}-{hashlib.sha256(data).hexdigest()}"] = data
     for start in range(0, len(judge_rows), SEGMENT_ENTRIES):
-        data = _encode(run_id, record_oid, created, [], judge_rows[start:start + SEGMENT_ENTRIES])
+        data = _encode(run_id, record_oid, created, [], judge_rows[start:start + SEGMENT_ENTRIES],
+                       pack_list)
         pages[f"{JUDGE}-{hashlib.sha256(data).hexdigest()}"] = data
     if not pages:
         return []
@@ -182,7 +198,7 @@ class _Catalog:
     seen: set[str] = field(default_factory=set)
     units: dict[str, list[tuple[tuple[str, str], bool, dict[str, Any]]]] = \
         field(default_factory=dict)
-    judge: dict[str, tuple[tuple[str, str], str]] = field(default_factory=dict)
+    judge: dict[str, tuple[tuple[str, str], str, tuple[str, ...]]] = field(default_factory=dict)
     legacy: dict[str, set[str]] | None = None
     pending: dict[str, bytes] = field(default_factory=dict)
     """Segments this instance wrote before it read their kind's (name → bytes)."""
@@ -198,7 +214,7 @@ class _Catalog:
                 # the record that indexed it: a unit recovered from a killed run (its own
                 # run published nothing) is named by the record that recovered it
                 entry = {"unit_oid": oid, "run_id": run, "complete": complete,
-                         "record_oid": segment.record_oid}
+                         "record_oid": segment.record_oid, "packs": segment.packs}
                 found = self.units.setdefault(key, [])
                 found.append((order, complete, entry))
                 # complete before incomplete, then newest first
@@ -207,7 +223,7 @@ class _Catalog:
             for ref, oid in segment.judge:
                 old = self.judge.get(ref)
                 if old is None or old[0] < order:
-                    self.judge[ref] = (order, oid)
+                    self.judge[ref] = (order, oid, segment.packs)
 
 
 def _catalog(store: Store) -> _Catalog:
@@ -285,6 +301,8 @@ def unit_entries(store: Store, key_hex: str) -> list[dict[str, Any]]:
     catalog = _loaded(store, UNITS)
     with catalog.lock:
         found = [dict(entry) for _, _, entry in catalog.units.get(key_hex, [])]
+    for candidate in found:
+        store.locate([candidate["unit_oid"]], candidate.pop("packs"))
     if found and found[0]["complete"]:
         return found
     from evalsnap.records import repo
@@ -301,6 +319,7 @@ def judge_entry(store: Store, ref: str) -> str | None:
     with catalog.lock:
         found = catalog.judge.get(ref)
     if found is not None:
+        store.locate([found[1]], found[2])
         return found[1]
     from evalsnap.records import repo
 

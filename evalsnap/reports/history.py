@@ -121,6 +121,7 @@ def metric_stats(store: Any, record: EvaluationRecord) -> dict[str, dict[str, An
     """Per metric of ``record``, in the record's order: units, passed, failed,
     not evaluated, pass rate (0-1, None without units) and mean score (None if unscored)."""
     oids = [ref.unit_oid for ref in record.units]
+    repo.locate_units(store, record)
     units: dict[str, Any] = {}
     with ThreadPoolExecutor(max_workers=_READERS) as pool:
         # a batch at a time: ``map`` submits everything at once, a future (with its lock,

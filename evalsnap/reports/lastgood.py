@@ -29,6 +29,7 @@ __all__ = ["is_good", "last_good", "passed_own_gate"]
 def _units(store: Store, record: EvaluationRecord) -> dict[str, ScoreUnit]:
     """The record's units, read in one concurrent batch (a missing or damaged one: the
     typed error of a single read)."""
+    repo.locate_units(store, record)
     found = store.get_objects("unit", [u.unit_oid for u in record.units])
     units = {}
     for oid, data in found.items():

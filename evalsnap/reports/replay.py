@@ -74,6 +74,7 @@ async def replay(store: Store, ref: str, agent_dir: str | None = None) -> Record
     stand_in_for(r.criterion for r in judge_rules)
     registry = resolve_config({"criteria": {r.metric_name: r.criterion for r in judge_rules}},
                               where="<rules of the snapshot>").registry if judge_rules else None
+    repo.locate_units(store, record)
     units = {ref.unit_oid: repo.get_unit_shared(store, ref.unit_oid) for ref in record.units}
     replayed: dict[str, ScoreUnit] = {}
     changes: list[dict[str, Any]] = []

@@ -70,6 +70,7 @@ def full_record(store: Any, record_oid: str, record: EvaluationRecord, *,
     so that a page of a large run reads and holds only what it shows. ``for_page``: without
     the record itself (``"record"`` None) and the baseline comparison, which a page gets
     elsewhere (a copy of each as dicts, for every unit of the run)."""
+    repo.locate_units(store, record)
     snapshot = repo.get_snapshot(store, record.snapshot_oid) if record.snapshot_oid else None
     frozen = {(c.eval_id, c.repetition): c for c in snapshot.cases} if snapshot else {}
     cases: list[dict[str, Any]] = []

@@ -43,10 +43,12 @@ from evalsnap.records import (
     repo,
     segments,
 )
+from evalsnap.records._base import parse_stored
 from evalsnap.records.task_results import record_value
 from evalsnap.reports.history import REPORTS
 from storage import OBJECT_KINDS, InvalidId, Store, TooLarge
 from storage.gc import list_files
+from storage.ids import PACKED_KINDS
 
 __all__ = ["Finding", "VerifyReport", "verify_store"]
 
@@ -113,11 +115,30 @@ class _Objects:
         self.present: dict[str, set[str]] = {}
         self.bad: dict[tuple[str, str], str] = {}
         self.parsed: dict[tuple[str, str], StoredModel] = {}
+        self.held: dict[str, list[str]] = {}
+        """Unit and judge entry oid → the sound packs holding it (its only copy, when no
+        loose object is present)."""
+        self.lost: list[tuple[str, str, str]] = []
+        """(kind, oid, pack) of each member a damaged pack lost."""
 
-    def problem(self, kind: str, oid: str) -> str | None:
-        """Why ``kind``/``oid`` cannot be used, or None if it is present and sound."""
+    def problem(self, kind: str, oid: str, packs: Iterable[str] | None = None) -> str | None:
+        """Why ``kind``/``oid`` cannot be used, or None if it is present and sound: a loose
+        object, or (a unit or judge entry) a member of one of ``packs`` (any sound pack if
+        None)."""
+        if oid not in self.present.get(kind, set()) and kind in PACKED_KINDS \
+                and oid in self.held:
+            holders = self.held[oid]
+            if packs is None or set(holders) & set(packs):
+                return self._unsound(kind, oid)
+            return (f"{kind} object {oid} is held only by pack(s) {', '.join(holders)}, which "
+                    "its record does not name (readers look for it in the record's packs)")
         if oid not in self.present.get(kind, set()):
-            return f"{kind} object {oid} is missing"
+            where = " (no loose object, and no sound pack its record names holds it)" \
+                if kind in PACKED_KINDS else ""
+            return f"{kind} object {oid} is missing{where}"
+        return self._unsound(kind, oid)
+
+    def _unsound(self, kind: str, oid: str) -> str | None:
         if (kind, oid) in self.bad:
             return f"{kind} object {oid} is unsound: {self.bad[(kind, oid)]}"
         return None
@@ -137,19 +158,77 @@ def _scan_objects(store: Store, report: VerifyReport) -> _Objects:
         objects.present[kind] = oids
         report.objects[kind] = len(oids)
         for oid in sorted(oids):
+            if kind == pack.KIND:  # members checked, units and entries parsed (of a
+                _scan_pack(store, oid, objects, report)  # damaged pack, the sound ones)
+                continue
             if (kind, oid) in objects.bad:
                 continue
             try:
                 data = store.get_object(kind, oid)
-                if kind == pack.KIND:  # an accelerator, not a record: members checked
-                    pack.read_pack(data, where=oid)
-                    continue
                 objects.parsed[(kind, oid)] = RECORD_TYPES[kind].from_bytes(data, where=oid)
             except EvalsnapError as exc:
                 # Hash fine but not a readable record, or corrupted since the first pass.
                 objects.bad[(kind, oid)] = str(exc)
                 report.findings.append(Finding(kind, store.object_url(kind, oid), str(exc), oid))
+    for kind, oid, pack_oid in objects.lost:
+        if oid in objects.held or oid in objects.present.get(kind, set()):
+            continue  # a sound copy is there (a run did it again)
+        report.findings.append(Finding(kind, store.object_url(pack.KIND, pack_oid),
+                                       f"{kind} object {oid} in pack {pack_oid} is corrupt: its "
+                                       "bytes no longer hash to its id; it is not used", oid))
     return objects
+
+
+def _scan_pack(store: Store, pack_oid: str, objects: _Objects, report: VerifyReport) -> None:
+    """A pack's members: each must be what its id says (a pack that hashes right but holds a
+    member that does not was written so), and a unit or judge entry (whose only copy a pack
+    may be) must parse as one. Of a damaged pack (reported by the first pass), the members
+    that still match their ids count as held, as runs read them."""
+    got = store.open_packs([pack_oid]).get(pack_oid)
+    if isinstance(got, Exception) or got is None:
+        if (pack.KIND, pack_oid) not in objects.bad:
+            objects.bad[(pack.KIND, pack_oid)] = str(got)
+            report.findings.append(Finding(pack.KIND, store.object_url(pack.KIND, pack_oid),
+                                           str(got), pack_oid))
+        return
+    damaged = store.damaged_packs().get(pack_oid)
+    if damaged is not None:  # each member it lost (with no sound copy elsewhere: see below)
+        objects.lost += [(kind, oid, pack_oid) for kind, oid in _listed(damaged)
+                         if (kind, oid) not in got and kind in OBJECT_KINDS]
+    elif (pack.KIND, pack_oid) not in objects.bad:
+        data = store.get_object(pack.KIND, pack_oid)
+        raw = parse_stored(data, what=f"pack {pack_oid}")
+        listed = raw.get("members") if isinstance(raw, dict) else None
+        if isinstance(listed, list) and len(got) != len(listed):
+            problem = (f"{len(listed) - len(got)} of its {len(listed)} members are not what "
+                       "their ids say; they are not used (what they held is computed again)")
+            objects.bad[(pack.KIND, pack_oid)] = problem
+            report.findings.append(Finding(pack.KIND, store.object_url(pack.KIND, pack_oid),
+                                           problem, pack_oid))
+    for (kind, oid), body in got.items():
+        if kind not in PACKED_KINDS:
+            continue
+        objects.held.setdefault(oid, []).append(pack_oid)
+        if (kind, oid) in objects.parsed or (kind, oid) in objects.bad:
+            continue
+        try:
+            objects.parsed[(kind, oid)] = RECORD_TYPES[kind].from_bytes(body, where=oid)
+        except EvalsnapError as exc:
+            objects.bad[(kind, oid)] = f"in pack {pack_oid}: {exc}"
+            report.findings.append(Finding(kind, store.object_url(pack.KIND, pack_oid),
+                                           f"member {oid}: {exc}", oid))
+
+
+def _listed(data: bytes) -> list[tuple[str, str]]:
+    """The (kind, oid) members a pack's bytes list, whatever else is wrong with them."""
+    try:
+        raw = parse_stored(data, what="pack")
+    except EvalsnapError:
+        return []
+    members = raw.get("members") if isinstance(raw, dict) else None
+    return [(m["kind"], m["oid"]) for m in members or [] if isinstance(m, dict)
+            and isinstance(m.get("kind"), str) and isinstance(m.get("oid"), str)] \
+        if isinstance(members, list) else []
 
 
 def _oid_in(path: str) -> str | None:
@@ -249,7 +328,8 @@ def _check_manifest(store: Store, name: str, objects: _Objects,
         seen.add((kind, oid))
         problem = (f"{kind} object is not named" if not oid else
                    f"unknown object kind {kind!r}" if kind not in OBJECT_KINDS else
-                   objects.problem(kind, oid))
+                   objects.problem(kind, oid, record.packs
+                                   if isinstance(record, EvaluationRecord) else None))
         if problem:
             report.findings.append(Finding(
                 "manifest", url, f"run {name}: {what}: {problem}; {_REPAIR.get(kind, _NO_REPAIR)}",
@@ -263,6 +343,9 @@ _REPAIR = {
     kind: "repair it by running the same eval set again with `--reuse --force` (sound "
           "inference is kept; scoring the same inference again writes the same object over "
           "the damaged one)" for kind in ("unit", "judge", "snapshot")}
+_REPAIR[pack.KIND] = ("a run that does its lost members again rebuilds it: run the same eval "
+                     "set again with `--reuse` (its sound members are reused, the others scored "
+                     "again byte for byte)")
 _NO_REPAIR = ("it cannot be written again byte for byte (an agent's inference, a record), so "
               "this run cannot be reproduced from the store; re-run the eval set (with --reuse, "
               "sound work is kept) and remove the damaged run with `evalsnap gc`")
