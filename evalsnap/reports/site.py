@@ -154,9 +154,8 @@ def run_pages(store: Any, record_oid: str, record: EvaluationRecord, *,
            (f"eval set {record.eval_set_id}", f"{up}{_set_dir(record.eval_set_id)}/index.html"),
            ("case history", f"{up}{_set_dir(record.eval_set_id)}/cases.html")]
     by_case: dict[str, list[dict[str, Any]]] = {}  # in the page's order
-    for c in ctx["cases"]:
-        if not c["details"]:
-            continue  # a row of scores on the run's page (EVALSNAP_REPORT_DETAIL_CASES)
+    # the others are a row of scores on the run's page (EVALSNAP_REPORT_DETAIL_CASES)
+    for c in ctx["cases"].detailed():
         by_case.setdefault(c["case"]["eval_id"], []).append(c)  # repetitions share a page
     back = [("run " + record.run_id, "../index.html")] + [(label, "../" + href) for label, href in nav]
     pages: dict[str, bytes] = {}
