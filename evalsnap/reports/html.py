@@ -408,6 +408,50 @@ def _detailed(store: Any, record: EvaluationRecord, moved: dict[tuple, str],
     return set(sorted(keys, key=lambda k: rank[k])[:limit])
 
 
+def _resolved(store: Any, record_oid: str, record: EvaluationRecord,
+              detailed: set[tuple[str, int]] | None) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+    """:func:`~.show.full_record` of the page (``for_page``) without its cases, and its
+    cases in the record's order, each made as it is read and let go once read: the detailed
+    ones resolved by ``full_record`` (of a copy of the record with only their inference and
+    units), the others made one at a time from their units' verdicts (a page of 10,000 cases
+    made every case's values first, ~60 MB, before it made its rows of them)."""
+    if detailed is None:
+        full = full_record(store, record_oid, record, for_page=True)
+        return full, _let_go(full.pop("cases"))
+    from evalsnap.reports.summary import gated, load_units
+
+    part = record.model_copy(update={
+        "inference": [i for i in record.inference if (i.eval_id, i.repetition) in detailed],
+        "units": [r for r in record.units if (r.eval_id, r.repetition) in detailed]})
+    full = full_record(store, record_oid, part, for_page=True)
+    # the aggregates over repetitions of every case, when a case has several (as
+    # full_record makes them of the whole record; a unit's verdict is all they read)
+    full["aggregates"] = gated(record, load_units(store, record))[0] \
+        if any(i.repetition for i in record.inference) or any(r.repetition for r in record.units) \
+        else []
+    return full, _every_case(store, record, detailed, _let_go(full.pop("cases")))
+
+
+def _let_go(cases: list[Any]) -> Iterator[dict[str, Any]]:
+    for i, c in enumerate(cases):
+        cases[i] = None  # let go once read
+        yield c
+
+
+def _every_case(store: Any, record: EvaluationRecord, detailed: set[tuple[str, int]],
+                resolved: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Every case of ``record`` in its order: ``resolved``'s (the detailed ones, in the
+    record's order) and the others' scores, made as :func:`~.show.full_record` makes them."""
+    from evalsnap.reports.show import _page_case
+
+    refs_of: dict[tuple[str, int], list[Any]] = {}
+    for ref in record.units:
+        refs_of.setdefault((ref.eval_id, ref.repetition), []).append(ref)
+    for inf in record.inference:
+        key = (inf.eval_id, inf.repetition)
+        yield next(resolved) if key in detailed else _page_case(store, inf, refs_of.get(key, ()), {})
+
+
 def page_context(store: Any, record_oid: str, record: EvaluationRecord, *,
                  trend_runs: int = TREND_RUNS, baseline_oid: str | None = None,
                  current: dict[str, Any] | None = None,
@@ -430,7 +474,7 @@ def page_context(store: Any, record_oid: str, record: EvaluationRecord, *,
     except EvalsnapError as exc:
         moved, baseline_oid = {}, f"{baseline_oid} (unreadable: {exc})"
     detailed = _detailed(store, record, moved, detail_cases)
-    full = full_record(store, record_oid, record, detailed=detailed, for_page=True)
+    full, resolved = _resolved(store, record_oid, record, detailed)
     # the stored point when there is one (as the trend reads it; it also keeps the link to
     # the flow run that published the record), else computed from the units
     current = current or _saved_point(store, record_oid, record.run_id) \
@@ -473,9 +517,7 @@ def page_context(store: Any, record_oid: str, record: EvaluationRecord, *,
     unchanged: dict[str, str] = {}  # one for every case without a change (read only)
     # each case's page values made and its resolved values let go, one case at a time (a
     # page of 10,000 cases held both whole, ~250 MB); a case not detailed as a compact row
-    resolved = full.pop("cases")
-    for i, c in enumerate(resolved):
-        resolved[i] = None
+    for c in resolved:
         key = (c["eval_id"], c["repetition"])
         thresholds.update((n, m["threshold"]) for n, m in c["metrics"].items())
         verdict = _verdict(c)
