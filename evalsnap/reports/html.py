@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import jinja2
@@ -271,6 +272,60 @@ def _case(case: dict[str, Any], verdict: str, case_changes: dict[str, str]) -> d
         "href": None, "ledger_entries": sum(len(m.get("ledger") or []) for m in case["metrics"].values())}
 
 
+#: A unit's values in a case the page does not detail, in :func:`_unit`'s order (its
+#: invocation rows and judge ledger are on no page then: empty).
+_ROW_KEYS = ("status", "metric_status", "score", "gate_score", "threshold", "reused",
+             "reused_from_run", "why", "reason", "trace")
+
+
+def _row(case: dict[str, Any], verdict: str, case_changes: dict[str, str],
+         shared: dict[tuple, tuple]) -> tuple:
+    """A case the page does not detail as a compact row (what :func:`_row_case` makes its
+    values from): a page of 10,000 cases holds these, not 10,000 nested dicts, while it and
+    the site's run page are rendered. Equal units' values are one tuple (``shared``)."""
+    metrics = tuple(shared.setdefault(t, t) for t in (
+        (name, *(m.get(k) for k in _ROW_KEYS)) for name, m in case["metrics"].items()))
+    return (case["eval_id"], case["repetition"], verdict, case_changes,
+            (case.get("tokens") or {}).get("total_tokens", "—"), metrics)
+
+
+def _row_case(row: tuple) -> dict[str, Any]:
+    """:func:`_case`'s values of a case it does not detail, from its :func:`_row`."""
+    eval_id, repetition, verdict, case_changes, tokens, metrics = row
+    regressed = [n for n, c in case_changes.items() if c == "regressed"]
+    return {
+        "case": {"eval_id": eval_id, "repetition": repetition,
+                 "metrics": {name: {**dict(zip(_ROW_KEYS, values, strict=True)),
+                                    "rows": [], "ledger": []} for name, *values in metrics}},
+        "label": eval_id + (f" #{repetition}" if repetition else ""),
+        "verdict": verdict, "changes": case_changes, "regressed": regressed,
+        "also_failed": verdict != "failed" and any(m[1] == "FAILED" for m in metrics),
+        "not_passed": sum(m[1] not in PASSING for m in metrics),
+        "tokens": tokens, "open": verdict != "passed" or bool(regressed),
+        "details": False, "conversation": None, "href": None, "ledger_entries": 0}
+
+
+class CaseRows:
+    """A page's cases in its order, as the templates loop over them (``len`` and a loop,
+    as often as needed): the detailed cases' values held (the site's run page links each
+    to its case page), the others' made from their compact :func:`_row` as the loop
+    reaches them and let go once rendered."""
+
+    def __init__(self, items: list[dict[str, Any] | tuple]) -> None:
+        self._items = items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for item in self._items:
+            yield item if isinstance(item, dict) else _row_case(item)
+
+    def detailed(self) -> list[dict[str, Any]]:
+        """The values of the cases the page details, in its order (held: not made again)."""
+        return [item for item in self._items if isinstance(item, dict)]
+
+
 def _tokens(counts: dict[str, Any] | None) -> str:
     if not counts or counts.get("total_tokens") is None:
         return "— (not reported)"
@@ -353,6 +408,50 @@ def _detailed(store: Any, record: EvaluationRecord, moved: dict[tuple, str],
     return set(sorted(keys, key=lambda k: rank[k])[:limit])
 
 
+def _resolved(store: Any, record_oid: str, record: EvaluationRecord,
+              detailed: set[tuple[str, int]] | None) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+    """:func:`~.show.full_record` of the page (``for_page``) without its cases, and its
+    cases in the record's order, each made as it is read and let go once read: the detailed
+    ones resolved by ``full_record`` (of a copy of the record with only their inference and
+    units), the others made one at a time from their units' verdicts (a page of 10,000 cases
+    made every case's values first, ~60 MB, before it made its rows of them)."""
+    if detailed is None:
+        full = full_record(store, record_oid, record, for_page=True)
+        return full, _let_go(full.pop("cases"))
+    from evalsnap.reports.summary import gated, load_units
+
+    part = record.model_copy(update={
+        "inference": [i for i in record.inference if (i.eval_id, i.repetition) in detailed],
+        "units": [r for r in record.units if (r.eval_id, r.repetition) in detailed]})
+    full = full_record(store, record_oid, part, for_page=True)
+    # the aggregates over repetitions of every case, when a case has several (as
+    # full_record makes them of the whole record; a unit's verdict is all they read)
+    full["aggregates"] = gated(record, load_units(store, record))[0] \
+        if any(i.repetition for i in record.inference) or any(r.repetition for r in record.units) \
+        else []
+    return full, _every_case(store, record, detailed, _let_go(full.pop("cases")))
+
+
+def _let_go(cases: list[Any]) -> Iterator[dict[str, Any]]:
+    for i, c in enumerate(cases):
+        cases[i] = None  # let go once read
+        yield c
+
+
+def _every_case(store: Any, record: EvaluationRecord, detailed: set[tuple[str, int]],
+                resolved: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Every case of ``record`` in its order: ``resolved``'s (the detailed ones, in the
+    record's order) and the others' scores, made as :func:`~.show.full_record` makes them."""
+    from evalsnap.reports.show import _page_case
+
+    refs_of: dict[tuple[str, int], list[Any]] = {}
+    for ref in record.units:
+        refs_of.setdefault((ref.eval_id, ref.repetition), []).append(ref)
+    for inf in record.inference:
+        key = (inf.eval_id, inf.repetition)
+        yield next(resolved) if key in detailed else _page_case(store, inf, refs_of.get(key, ()), {})
+
+
 def page_context(store: Any, record_oid: str, record: EvaluationRecord, *,
                  trend_runs: int = TREND_RUNS, baseline_oid: str | None = None,
                  current: dict[str, Any] | None = None,
@@ -375,7 +474,7 @@ def page_context(store: Any, record_oid: str, record: EvaluationRecord, *,
     except EvalsnapError as exc:
         moved, baseline_oid = {}, f"{baseline_oid} (unreadable: {exc})"
     detailed = _detailed(store, record, moved, detail_cases)
-    full = full_record(store, record_oid, record, detailed=detailed, for_page=True)
+    full, resolved = _resolved(store, record_oid, record, detailed)
     # the stored point when there is one (as the trend reads it; it also keeps the link to
     # the flow run that published the record), else computed from the units
     current = current or _saved_point(store, record_oid, record.run_id) \
@@ -413,22 +512,24 @@ def page_context(store: Any, record_oid: str, record: EvaluationRecord, *,
     rank = {"failed": 1, "incomplete": 2, "passed": 3}
     thresholds: dict[str, Any] = {}
     count = dict.fromkeys(rank, 0)
-    ranked: list[tuple[int, dict[str, Any]]] = []
+    ranked: list[tuple[int, dict[str, Any] | tuple]] = []
+    shared: dict[tuple, tuple] = {}
+    unchanged: dict[str, str] = {}  # one for every case without a change (read only)
     # each case's page values made and its resolved values let go, one case at a time (a
-    # page of 10,000 cases held both whole, ~250 MB)
-    resolved = full.pop("cases")
-    for i, c in enumerate(resolved):
-        resolved[i] = None
+    # page of 10,000 cases held both whole, ~250 MB); a case not detailed as a compact row
+    for c in resolved:
         key = (c["eval_id"], c["repetition"])
         thresholds.update((n, m["threshold"]) for n, m in c["metrics"].items())
         verdict = _verdict(c)
         count[verdict] += 1
-        changes_ = by_case.get(key, {})
+        changes_ = by_case.get(key, unchanged)
         ranked.append((0 if "regressed" in changes_.values() else
-                       1 if _failing(c) else rank[verdict], _case(c, verdict, changes_)))
-    del resolved
+                       1 if _failing(c) else rank[verdict],
+                       _case(c, verdict, changes_) if c.get("details", True)
+                       else _row(c, verdict, changes_, shared)))
+    del resolved, shared
     ranked.sort(key=lambda r: r[0])  # stable: the record's order within a rank
-    cases = [case for _, case in ranked]
+    cases = CaseRows([case for _, case in ranked])
     del ranked
     metrics = [{"name": n, "threshold": thresholds.get(n), "stats": current["metrics"][n],
                 "dots": _dots(n, points)} for n in metric_names([current])]
@@ -442,5 +543,5 @@ def page_context(store: Any, record_oid: str, record: EvaluationRecord, *,
         n_regressed=sum(1 for c in moved.values() if c == "regressed"),
         n_fixed=sum(1 for c in moved.values() if c == "fixed"),
         metrics=metrics, points=points, cases=cases, nav=[], point=current,
-        detailed=sum(1 for c in cases if c["details"]),
+        detailed=len(cases.detailed()),
         flow_run_url=current.get("flow_run_url"))

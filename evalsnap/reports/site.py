@@ -26,6 +26,7 @@ set's stored rows (:mod:`._site_data`); :func:`build` makes the whole tree from 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,18 @@ def run_pages(store: Any, record_oid: str, record: EvaluationRecord, *,
     (``CASES_PER_PAGE`` detailed cases each, in the page's order), from the report's
     :func:`~.html.page_context` (``context``: made already; ``earlier``: the trend's points
     before the run, when known)."""
+    pages: dict[str, bytes] = {}
+    for batch in _run_page_batches(store, record_oid, record, context=context, earlier=earlier):
+        pages.update(batch)
+    return pages
+
+
+def _run_page_batches(store: Any, record_oid: str, record: EvaluationRecord, *,
+                      context: dict[str, Any] | None = None,
+                      earlier: list[dict[str, Any]] | None = None) -> Iterator[dict[str, bytes]]:
+    """:func:`run_pages` in two batches, each made once the one before is let go: the case
+    pages, then the run's page (~30 MB at 10,000 cases, made once the case pages, ~11 MB,
+    are written)."""
     ctx = context if context is not None else page_context(store, record_oid, record,
                                                            earlier=earlier)
     base, up = _run_dir(record.run_id), "../../"
@@ -154,9 +167,8 @@ def run_pages(store: Any, record_oid: str, record: EvaluationRecord, *,
            (f"eval set {record.eval_set_id}", f"{up}{_set_dir(record.eval_set_id)}/index.html"),
            ("case history", f"{up}{_set_dir(record.eval_set_id)}/cases.html")]
     by_case: dict[str, list[dict[str, Any]]] = {}  # in the page's order
-    for c in ctx["cases"]:
-        if not c["details"]:
-            continue  # a row of scores on the run's page (EVALSNAP_REPORT_DETAIL_CASES)
+    # the others are a row of scores on the run's page (EVALSNAP_REPORT_DETAIL_CASES)
+    for c in ctx["cases"].detailed():
         by_case.setdefault(c["case"]["eval_id"], []).append(c)  # repetitions share a page
     back = [("run " + record.run_id, "../index.html")] + [(label, "../" + href) for label, href in nav]
     pages: dict[str, bytes] = {}
@@ -172,11 +184,13 @@ def run_pages(store: Any, record_oid: str, record: EvaluationRecord, *,
                 by_case[eval_id], key=lambda c: c["case"]["repetition"])})
         pages[f"{base}/cases/{number}.html"] = _render(
             "site_case.html", record=record, record_oid=record_oid, cases=cases, nav=back)
+    if pages:
+        yield pages
+    del pages
     # every link of the site is relative (it opens from any base); the flow run's link is
     # on the stored report and the Prefect artifacts
-    pages[f"{base}/index.html"] = _render("report.html",
-                                          **{**ctx, "nav": nav, "flow_run_url": None})
-    return pages
+    yield {f"{base}/index.html": _render("report.html",
+                                         **{**ctx, "nav": nav, "flow_run_url": None})}
 
 
 def _case_anchor(eval_id: str) -> str:
@@ -188,10 +202,11 @@ def refresh(store: Any, record_oid: str, record: EvaluationRecord, result: Recor
             context: dict[str, Any] | None = None,
             now: Current | None = None) -> list[str]:
     """After a run's commit: its row into its eval set's data, then the pages it changes
-    (the index and its eval set's pages in one batch, its own in another). ``result``: its
-    summary; ``context``: its report's page context, if made already (its page and history
-    point are read once per run); ``now``: the site's rows as :func:`current` read
-    them for the page's trend, if it did. Returns the names of the pages written."""
+    (the index and its eval set's pages in one batch, its own in two more: its case pages,
+    then its page). ``result``: its summary; ``context``: its report's page context, if
+    made already (its page and history point are read once per run); ``now``: the site's
+    rows as :func:`current` read them for the page's trend, if it did. Returns the names of
+    the pages written."""
     row = data.run_row(store, record_oid, record, result,
                        point=context["point"] if context is not None else None)
     found = now.rows if now is not None else data.load(store, record.eval_set_id)
@@ -202,14 +217,18 @@ def refresh(store: Any, record_oid: str, record: EvaluationRecord, result: Recor
     data.save(store, rows)
     others = now.others if now is not None else data.load_all(store)
     sets = [s for s in others if s.eval_set_id != rows.eval_set_id] + [rows]
-    # two batches: the index and the eval set's pages, then the run's own (a run page of
-    # 10,000 cases is ~30 MB, made once the others are written)
+    # in batches, each made once the one before is written: the index and the eval set's
+    # pages, the run's case pages, then the run's page (~30 MB at 10,000 cases)
     shared = {"index.html": index_page(sorted(sets, key=lambda s: s.eval_set_id)),
               **set_pages(rows)}
     store.put_site(shared, CONTENT_TYPE)
-    own = run_pages(store, record_oid, record, context=context)
-    store.put_site(own, CONTENT_TYPE)
-    return [*shared, *own]
+    written = list(shared)
+    del shared
+    for batch in _run_page_batches(store, record_oid, record, context=context):
+        store.put_site(batch, CONTENT_TYPE)
+        written += batch
+        del batch
+    return written
 
 
 def forget(store: Any, removed: list[dict[str, Any]]) -> int:
