@@ -70,8 +70,9 @@ MAX_REF_BYTES = 256 * 2**20
 MAX_OBJECT_BYTES = 1024 * 2**20
 #: The kind of objects that hold other objects (see :meth:`Store.open_packs`).
 PACK_KIND = "pack"
-#: Packs opened at once when reads ask for their members (each is up to a few MB).
-PACK_OPEN_BATCH = 4
+#: Packs opened at once when reads ask for their members (each is up to a few MB; the one
+#: that holds what is asked is usually known, so one at a time).
+PACK_OPEN_BATCH = 1
 #: Objects whose packs a store instance keeps in mind across runs, at most (a long-lived
 #: process serving many runs forgets them all past this; ~100 bytes each).
 _MAX_HOLDERS = 1_000_000
@@ -204,6 +205,7 @@ class Store:
         # record read before a run is read from within it), which one was found to hold it
         # and which packs were opened (in this run)
         self._holders: dict[str, tuple[str, ...]] = {}
+        self._pack_gate = threading.Lock()
         self._packs_forget()
         self.url = self._b.url
 
@@ -493,7 +495,7 @@ class Store:
                                 [self._path(rel) for rel in rels.values()],
                                 limit=MAX_OBJECT_BYTES)
         for pack_oid, rel in rels.items():
-            got = raw[self._path(rel)]
+            got = raw.pop(self._path(rel))  # each pack's bytes let go once it is read
             # opened (self._opened) once its members are held: a reader in another thread
             # that finds it opened must find what it holds
             if isinstance(got, BaseException) or got is None or _too_long(got, MAX_OBJECT_BYTES):
@@ -547,7 +549,21 @@ class Store:
                 return
             batch = list(need)[:PACK_OPEN_BATCH]
             tried.update(batch)
-            self.open_packs(batch)
+            with self._pack_gate:  # one reader opens a pack while the others wait for it
+                if any(self._wanted_from(p, todo) for p in batch):
+                    self.open_packs(batch)
+
+    def _wanted_from(self, pack_oid: str, todo: dict[str, str]) -> bool:
+        """Whether ``pack_oid`` must still be opened for ``todo`` (another thread may have
+        opened it while this one waited)."""
+        for oid, rel in todo.items():
+            found = self._found_in.get(oid)
+            if found == pack_oid and self._cache.get(rel) is None:
+                return True
+            if found is None and pack_oid in self._holders.get(oid, ()) \
+                    and pack_oid not in self._opened:
+                return True
+        return False
 
     def _checked(self, rel: str, oid: str, data: bytes | None) -> bytes:
         if data is None:

@@ -120,7 +120,7 @@ def read_pack(data: bytes, *, where: str) -> dict[tuple[str, str], bytes]:
 
 #: Packs read at once by :func:`members_of` (concurrent reads on a bucket; the batch's bytes
 #: are what it holds at a time).
-PACK_BATCH = 8
+PACK_BATCH = 4
 
 
 def members_of(store: Store, pack_oids: list[str]) -> Iterator[tuple[str, str, bytes]]:
