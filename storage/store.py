@@ -463,14 +463,16 @@ class Store:
         pack: the object needs a sound copy of its own)."""
         return self._found_in.get(oid) in self._damaged_packs
 
-    def hold_members(self, pack_oid: str, members: Mapping[tuple[str, str], bytes]) -> None:
+    def hold_members(self, pack_oid: str, members: Mapping[tuple[str, str], bytes], *,
+                     checked: bool = False) -> None:
         """Pack ``pack_oid`` is in the store and holds ``members`` ((kind, oid) → bytes,
         each hashing to its oid). Units and judge entries (:data:`PACKED_KINDS`, whose pack
         may be their only copy) are then read from memory while the read cache keeps them,
         else from the pack; a member of another kind is a copy of a loose object, kept as
-        :meth:`remember` keeps it (handed out once the loose object is proved)."""
+        :meth:`remember` keeps it (handed out once the loose object is proved). ``checked``:
+        each member was hashed already (by the pack reader, or the writer)."""
         for (kind, oid), data in members.items():
-            if oid_of(data) != oid:
+            if not checked and oid_of(data) != oid:
                 continue
             if kind in PACKED_KINDS:
                 self._cache.put(object_rel(validate_kind(kind), oid), data)
@@ -510,11 +512,11 @@ class Store:
                 self._opened.add(pack_oid)
                 out[pack_oid] = problem
                 continue
-            if oid_of(got) != pack_oid:
+            if (actual := oid_of(got)) != pack_oid:
                 self._damaged_packs[pack_oid] = got
                 logger.warning("pack %s is damaged (its bytes hash to %s); its members that "
                                "still match their ids are used, the others computed again "
-                               "(run `evalsnap verify`)", self._url(rel), oid_of(got))
+                               "(run `evalsnap verify`)", self._url(rel), actual)
             if _unpacker is None:
                 out[pack_oid] = StorageError(f"pack {pack_oid}: no pack reader is set "
                                              "(storage.store.set_unpacker)")
@@ -527,7 +529,7 @@ class Store:
                 self._opened.add(pack_oid)
                 out[pack_oid] = exc
                 continue
-            self.hold_members(pack_oid, members)
+            self.hold_members(pack_oid, members, checked=True)  # the unpacker checked each
             out[pack_oid] = members
         return out
 

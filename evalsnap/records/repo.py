@@ -160,7 +160,7 @@ class WriteBatch:
             pack_oid = self.store.put_objects(pack.KIND, [data])[0]
             self.store.let_go(pack.KIND, pack_oid)
             self.store.hold_members(pack_oid, {(by_oid[oid][0], oid): by_oid[oid][1]
-                                               for oid in held})
+                                               for oid in held}, checked=True)
             for oid in held:
                 holders.setdefault(oid, []).append(pack_oid)
         return holders
