@@ -31,7 +31,7 @@ from evalsnap.errors import EvalsnapError
 from evalsnap.records import EvaluationRecord, ScoreUnit, repo
 from storage import Store
 
-__all__ = ["Hints", "hints_of", "packs_for", "prime"]
+__all__ = ["Hints", "hints_of", "prime"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +50,6 @@ class Hints:
     """fingerprint → an inference the previous (committed) record names, proved intact in the
     store, with the index entry that would name it: what the index is rebuilt from when its
     entry names an object no committed run does (a killed run's, removed by gc)."""
-    packs_of: dict[str, list[str]] = field(default_factory=dict)
-    """oid → the packs (of the previous record) holding a copy of it."""
     primed: set[str] = field(default_factory=set)
 
 
@@ -77,7 +75,7 @@ def prime(store: Store, eval_set_id: str) -> Hints:
         logger.warning("previous record %s unreadable (%s); reuse reads one by one",
                        record_oid, exc)
         return hints
-    members = _pack_members(store, record, hints)
+    members = _pack_members(store, record)
     proved = {kind: store.prove_objects(kind, {oid: data for (k, oid), data in members.items()
                                                if k == kind})
               for kind in ("unit", "inference", "judge")}
@@ -92,16 +90,14 @@ def prime(store: Store, eval_set_id: str) -> Hints:
     return hints
 
 
-def _pack_members(store: Store, record: EvaluationRecord,
-                  hints: Hints) -> dict[tuple[str, str], bytes]:
+def _pack_members(store: Store, record: EvaluationRecord) -> dict[tuple[str, str], bytes]:
+    """The members of the record's packs (the store then knows which pack holds each:
+    :meth:`storage.Store.packs_holding`); a pack that cannot be used is skipped (logged by
+    the store: its objects are looked for one by one, a loose copy or none: recomputed)."""
     members: dict[tuple[str, str], bytes] = {}
-    for pack_oid, found in store.open_packs(record.packs).items():
-        if isinstance(found, Exception):  # logged by the store: its objects are looked for
-            continue                      # one by one (a loose copy, or none: recomputed)
-        for (kind, oid), data in found.items():
-            members[(kind, oid)] = data
-            if not store.pack_damaged(pack_oid):  # a new record never names a damaged pack
-                hints.packs_of.setdefault(oid, []).append(pack_oid)
+    for found in store.open_packs(record.packs).values():
+        if not isinstance(found, Exception):
+            members.update(found)
     return members
 
 
@@ -159,14 +155,3 @@ def _proved_entries(store: Store, namespace: str,
     contents = {name: repo.index_entry_bytes(namespace, entry)
                 for name, (_, _, entry) in expected.items()}
     return store.prove_refs(namespace, contents)
-
-
-def packs_for(store: Store, oids: list[str]) -> list[str]:
-    """The previous record's packs that hold any of ``oids`` (in first-seen order)."""
-    packs_of = hints_of(store).packs_of
-    seen: dict[str, None] = {}
-    for oid in oids:
-        for p in packs_of.get(oid, []):
-            seen.setdefault(p)
-    return list(seen)
-

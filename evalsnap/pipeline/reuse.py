@@ -136,7 +136,7 @@ def reusable_unit(store: Store, rule: MetricRule, frozen: FrozenCase, *, reuse: 
     if isinstance(found, str):
         return None, found
     oid, unit, entry = found
-    packs = hints.packs_for(store, [oid]) or store.packs_holding(oid)
+    packs = store.packs_holding(oid)  # none for a loose unit, or one in a damaged pack
     if not packs and store.in_damaged_pack(oid) and not _copied_out(store, oid, unit):
         return None, "new"
     return UnitOutcome(

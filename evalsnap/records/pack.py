@@ -39,7 +39,7 @@ from storage.store import set_unpacker
 if TYPE_CHECKING:
     from storage import Store
 
-__all__ = ["KIND", "PACK_BYTES", "PACK_SCHEMA", "build_packs", "each_pack", "members_of",
+__all__ = ["KIND", "PACK_BYTES", "PACK_SCHEMA", "each_pack", "listed", "members_of",
            "pack_groups", "read_pack", "repair", "write_packs"]
 
 logger = logging.getLogger(__name__)
@@ -51,16 +51,11 @@ PACK_BYTES = 8 * 2**20
 _MEMBER_KINDS = frozenset(OBJECT_KINDS) - {KIND}
 
 
-def build_packs(members: Iterable[tuple[str, bytes]]) -> list[tuple[bytes, set[str]]]:
-    """The packs holding ``members`` (kind, bytes), in order, each at most about
-    :data:`PACK_BYTES`: per pack its bytes and the oids it holds. The same members in the
-    same order give the same packs (so a run that changed nothing writes none)."""
-    return list(each_pack(members))
-
-
 def each_pack(members: Iterable[tuple[str, bytes]]) -> Iterator[tuple[bytes, set[str]]]:
-    """:func:`build_packs` one pack at a time: a pack's bytes can be written and let go
-    before the next is built (``members`` is read as the packs are cut)."""
+    """The packs holding ``members`` (kind, bytes), in order, each at most about
+    :data:`PACK_BYTES`, one at a time (a pack's bytes can be written and let go before the
+    next is built): per pack its bytes and the oids it holds. The same members in the same
+    order give the same packs (so a run that changed nothing writes none)."""
     return pack_groups([member] for member in members)
 
 
@@ -90,6 +85,19 @@ def pack_groups(groups: Iterable[list[tuple[str, bytes]]]
 def _encode(members: list[dict[str, str]]) -> bytes:
     return json.dumps({"schema": PACK_SCHEMA, "members": members}, ensure_ascii=False,
                       separators=(",", ":"), allow_nan=False).encode()
+
+
+def listed(data: bytes) -> list[tuple[str, str]]:
+    """The (kind, oid) of each member a pack's bytes list, whatever else is wrong with them
+    (a damaged pack's list: what :func:`repair` rebuilds, what ``verify`` says it lost)."""
+    try:
+        raw = parse_stored(data, what="pack")
+    except CorruptRecordError:
+        return []
+    members = raw.get("members") if isinstance(raw, dict) else None
+    return [(m["kind"], m["oid"]) for m in members if isinstance(m, dict)
+            and isinstance(m.get("kind"), str) and isinstance(m.get("oid"), str)] \
+        if isinstance(members, list) else []
 
 
 def read_pack(data: bytes, *, where: str) -> dict[tuple[str, str], bytes]:
@@ -154,13 +162,11 @@ def repair(store: Store) -> list[str]:
     it; the records that name it are read without its damaged members)."""
     repaired = []
     for pack_oid, damaged in store.damaged_packs().items():
-        try:
-            raw = parse_stored(damaged, what=f"pack {pack_oid}")
-            listed = [(m["kind"], m["oid"]) for m in raw["members"]]
-        except (CorruptRecordError, KeyError, TypeError):
+        names = listed(damaged)
+        if not names:
             continue  # not even its list of members is left
         texts: list[dict[str, str]] = []
-        for kind, oid in listed:
+        for kind, oid in names:
             try:
                 body = store.get_object(kind, oid)
             except Exception:  # noqa: BLE001 - not at hand (missing, damaged): no repair

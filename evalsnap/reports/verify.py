@@ -193,7 +193,7 @@ def _scan_pack(store: Store, pack_oid: str, objects: _Objects, report: VerifyRep
         return
     damaged = store.damaged_packs().get(pack_oid)
     if damaged is not None:  # each member it lost (with no sound copy elsewhere: see below)
-        objects.lost += [(kind, oid, pack_oid) for kind, oid in _listed(damaged)
+        objects.lost += [(kind, oid, pack_oid) for kind, oid in pack.listed(damaged)
                          if (kind, oid) not in got and kind in OBJECT_KINDS]
     elif (pack.KIND, pack_oid) not in objects.bad:
         data = store.get_object(pack.KIND, pack_oid)
@@ -217,18 +217,6 @@ def _scan_pack(store: Store, pack_oid: str, objects: _Objects, report: VerifyRep
             objects.bad[(kind, oid)] = f"in pack {pack_oid}: {exc}"
             report.findings.append(Finding(kind, store.object_url(pack.KIND, pack_oid),
                                            f"member {oid}: {exc}", oid))
-
-
-def _listed(data: bytes) -> list[tuple[str, str]]:
-    """The (kind, oid) members a pack's bytes list, whatever else is wrong with them."""
-    try:
-        raw = parse_stored(data, what="pack")
-    except EvalsnapError:
-        return []
-    members = raw.get("members") if isinstance(raw, dict) else None
-    return [(m["kind"], m["oid"]) for m in members or [] if isinstance(m, dict)
-            and isinstance(m.get("kind"), str) and isinstance(m.get("oid"), str)] \
-        if isinstance(members, list) else []
 
 
 def _oid_in(path: str) -> str | None:
