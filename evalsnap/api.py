@@ -119,12 +119,8 @@ def run_spec(spec: RunSpec, *, storage_options: dict[str, str] | None = None,
     the run's commits travel in the flow's run context (``run_context``, the caller's who
     listens to its progress or watches its commits: the CLI's; else a new one)."""
     from evalsnap.pipeline import context
-    from evalsnap.pipeline.runners import resolve_runner
 
-    spec = spec.model_copy(update={"store": spec.store or settings.get().store})
-    check_store_url(spec.store)
-    task_runner, dask_address = resolve_runner(spec.task_runner, spec.dask_address)
-    spec = spec.model_copy(update={"task_runner": task_runner, "dask_address": dask_address})
+    spec = _for_flow(spec)
     ctx = run_context or context.RunContext(spec.store, storage_options=storage_options)
     # the summary's model comes back in the context (not as JSON data too), for this run only
     ctx.keeps_summary, ctx.summary = True, None
@@ -190,6 +186,51 @@ def flow_result(state: Any, ctx: Any = None) -> Summary:
         found, ctx.summary = ctx.summary, None
         return found  # type: ignore[no-any-return]
     return RunSummary.model_validate(summary).root
+
+
+def _for_flow(spec: RunSpec) -> RunSpec:
+    """``spec`` as :func:`run_spec` hands it to a flow: the store and the runner resolved."""
+    from evalsnap.pipeline.runners import resolve_runner
+
+    spec = spec.model_copy(update={"store": spec.store or settings.get().store})
+    check_store_url(spec.store)
+    task_runner, dask_address = resolve_runner(spec.task_runner, spec.dask_address)
+    return spec.model_copy(update={"task_runner": task_runner, "dask_address": dask_address})
+
+
+def prepare(spec: RunSpec, ctx: RunContext) -> None:
+    """Does the first steps of the flow :func:`run_spec` will run for ``spec`` with ``ctx``
+    now (the CLI calls it while Prefect's temporary API starts, ~1 s it would otherwise
+    wait): the plan (eval sets, agent, config, baseline) and, for ``--reuse``, the proof of
+    what the previous record implies (:func:`evalsnap.pipeline.hints.prime`). The flow takes
+    them from ``ctx`` when its spec is this one, else plans itself; an error planning raised
+    is raised by the flow, as if it had planned then. Only for a run on a local store: a
+    hanging bucket would make a failing run wait twice."""
+    if spec.kind != "run":
+        return
+    try:
+        spec = _for_flow(spec)
+    except errors.EvalsnapError:
+        return  # run_spec says so
+    if "://" in spec.store and not spec.store.startswith("file://"):
+        return
+    from evalsnap.pipeline import hints
+    from evalsnap.pipeline.plan import plan_runs
+    from evalsnap.reports import lastgood
+    from tasks.support import resolved
+
+    expected = resolved(RunSpec.of_flow("run", **spec.flow_parameters()))
+    if not ctx.serves(expected.store):
+        return
+    ctx.start_run_early()
+    try:
+        plans: Any = plan_runs(expected, ctx, good=lastgood.is_good)
+        if expected.reuse and not expected.force:
+            for plan in plans:
+                hints.prime(ctx.store, plan.eval_set.eval_set_id)
+    except Exception as exc:  # noqa: BLE001 - the flow raises it, as if it had planned
+        plans = exc
+    ctx.begin_run_early(expected, plans)
 
 
 @contextlib.contextmanager

@@ -40,7 +40,7 @@ from evalsnap._deferred import (
 )
 
 __all__ = ["LAZY_MODULES", "NEEDED_BY_METRIC", "OPTIONAL_IMPORTED_PER_CALL", "DeferredModule",
-           "apply_defaults", "child_start", "cli_start", "die_with_parent",
+           "api_starting", "apply_defaults", "child_start", "cli_start", "die_with_parent",
            "exit_without_teardown", "install", "leave_now", "module_command", "on_temporary_api",
            "prestart_ephemeral_api", "prestart_for_command", "preload", "preload_flow_engine",
            "remember_missing", "wait_for_ephemeral_api", "wait_healthy"]
@@ -232,6 +232,11 @@ def preload_flow_engine() -> None:
     import fastapi.encoders  # noqa: F401
     import prefect.flow_engine  # noqa: F401
     import prefect.task_engine  # noqa: F401
+
+
+def api_starting() -> bool:
+    """True while the temporary API this process started has not answered yet."""
+    return _ready is not None and _ready.is_alive()
 
 
 def on_temporary_api() -> bool:

@@ -134,7 +134,8 @@ def evaluate(
     one record per eval set; the flow run ends Failed when ``fail_on`` says so."""
     spec = resolved(RunSpec.of_flow("run", **locals()))  # the parameters, and nothing else yet
     with context.started(spec.store) as ctx:  # the run's store, limiter, progress, commits
-        plans = plan_runs(spec, ctx, good=lastgood.is_good)
+        plans = (ctx.take_prepared(spec)  # planned while the CLI waited for the API
+                 or plan_runs(spec, ctx, good=lastgood.is_good))
         tag_flow_run("evalsnap", *(f"evalset:{p.eval_set.eval_set_id}" for p in plans))
         rename_flow_run(_evalset_label([p.eval_set.eval_set_id for p in plans]),
                         all(p.coverage().full for p in plans))
@@ -149,7 +150,7 @@ def _evaluate(plan: Plan, run: RunOptions, runner: str) -> RecordResult:
     progress = RunProgress(plan.inference_total + len(plan.metric_names) + 1,
                            f"{plan.eval_set.eval_set_id}: inference, scoring, publish")
     if run.reuse and not run.force:  # prove in bulk what the previous record implies
-        hints.prime(plan.context.store, plan.eval_set.eval_set_id)
+        hints.prime(plan.context.store, plan.eval_set.eval_set_id)  # once (maybe prepared)
     with scoring_pool(plan, run, runner) as pool:
         outcomes = run_inference(plan.inference_batches(run), progress)
         snapshot_oid = freeze_task(as_data(plan.freeze_request(outcomes)))

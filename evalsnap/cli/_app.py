@@ -224,7 +224,7 @@ def _in_this_process(spec: RunSpec, preload: list[str], **kwargs: Any) -> Summar
     import logging
 
     from evalsnap import startup
-    from evalsnap.api import run_spec
+    from evalsnap.api import prepare, run_spec
 
     logging.getLogger("google_adk").setLevel(logging.ERROR)
     flow_runs = logging.getLogger("prefect.flow_runs")
@@ -236,6 +236,8 @@ def _in_this_process(spec: RunSpec, preload: list[str], **kwargs: Any) -> Summar
     startup.remember_missing()  # ADK's agent runs retry a missing optional import per call
     startup.preload_flow_engine()
     startup.preload(preload)
+    if startup.api_starting() and kwargs.get("run_context") is not None:
+        prepare(spec, kwargs["run_context"])  # the flow's first steps, while the API starts
     startup.wait_for_ephemeral_api()
     return run_spec(spec, **kwargs)
 

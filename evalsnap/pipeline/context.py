@@ -112,6 +112,31 @@ class RunContext:
         self.summary: Any = None
         self._store: Store | None = None
         self._lock = threading.Lock()
+        #: The run's first steps, done before its flow started (:func:`evalsnap.api.prepare`):
+        #: the spec they were done for, and their plans or the error they raised.
+        self._prepared: tuple[Any, Any] | None = None
+        self._run_begun = False
+
+    def begin_run_early(self, spec: Any, plans: Any) -> None:
+        """``plans`` (or the error planning raised) are the first steps of the flow that
+        will run ``spec`` with this context; the store's run began with them, so what they
+        read is the run's (read once, counted once)."""
+        self._prepared = (spec, plans)
+
+    def start_run_early(self) -> None:
+        """The run's store memory starts now, before its flow (see :meth:`begin_run_early`)."""
+        self.store.new_run()
+        self._run_begun = True
+
+    def take_prepared(self, spec: Any) -> Any:
+        """The plans prepared for ``spec`` (raising the error planning raised), once; None
+        when nothing was prepared for exactly this spec (the flow plans itself)."""
+        prepared, self._prepared = self._prepared, None
+        if prepared is None or prepared[0] != spec:
+            return None
+        if isinstance(prepared[1], BaseException):
+            raise prepared[1]
+        return prepared[1]
 
     @classmethod
     def open(cls, store_url: str, *, settings: Settings | None = None,
@@ -162,10 +187,13 @@ def started(store_url: str) -> Iterator[RunContext]:
     if ctx is None or not ctx.serves(store_url):
         ctx = RunContext(store_url)
     token = _current.set(ctx)
-    ctx.store.new_run()
+    if not ctx._run_begun:  # else it began before the flow, with what was prepared for it
+        ctx.store.new_run()
+    ctx._run_begun = False
     try:
         yield ctx
     finally:
+        ctx._prepared = None
         ctx.store.end_run()
         _current.reset(token)
 

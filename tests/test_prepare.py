@@ -1,0 +1,80 @@
+"""A run's first steps done before its flow starts (:func:`evalsnap.api.prepare`): the CLI
+plans and proves the previous record while Prefect's temporary API starts. The flow takes
+what was prepared for exactly its spec, raises what planning raised, and plans itself
+otherwise."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evalsnap import api, errors
+from evalsnap.pipeline import context, plan
+from evalsnap.spec import RunSpec
+
+
+def _spec(shop: Path, store: Path, **extra: Any) -> RunSpec:
+    return RunSpec(agent_dir=str(shop), evalsets=[str(shop / "shop.evalset.json")],
+                   store=str(store), cases=["weather_paris", "cart_add_two_items"], **extra)
+
+
+def _count_plans(monkeypatch: pytest.MonkeyPatch) -> list[RunSpec]:
+    planned: list[RunSpec] = []
+    real = plan.plan_runs
+
+    def counted(spec: RunSpec, ctx: Any, **kwargs: Any) -> Any:
+        planned.append(spec)
+        return real(spec, ctx, **kwargs)
+
+    monkeypatch.setattr(plan, "plan_runs", counted)  # prepare's
+    # the flow's (the package `flows` names its flow `evaluate`, hiding the module)
+    monkeypatch.setattr(importlib.import_module("flows.evaluate"), "plan_runs", counted)
+    return planned
+
+
+def test_the_flow_takes_the_plan_and_proofs_prepared_for_it(
+        shop_copy: Path, store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = api.run_spec(_spec(shop_copy, store_dir))
+    planned = _count_plans(monkeypatch)
+    spec = _spec(shop_copy, store_dir, reuse=True)
+    ctx = context.RunContext(str(store_dir))
+    api.prepare(spec, ctx)
+    assert len(planned) == 1, "expected prepare to plan the run"
+    early = ctx.store.requests.snapshot()["get"]
+    assert early > 0, "expected prepare to read the previous record and its packs"
+    again = api.run_spec(spec, run_context=ctx)
+    assert len(planned) == 1, "expected the flow to take the prepared plan, not plan again"
+    assert again.store_requests["get"] >= early, \
+        "expected what prepare read to count as the run's requests"
+    assert again.reused_units == first.scored_units > 0 and again.scored_units == 0, \
+        "expected every unit reused, as without prepare"
+    assert again.agent_calls == 0 and again.judge_calls == 0
+
+
+def test_a_prepared_plan_for_another_spec_is_not_taken(
+        shop_copy: Path, store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    planned = _count_plans(monkeypatch)
+    ctx = context.RunContext(str(store_dir))
+    api.prepare(_spec(shop_copy, store_dir), ctx)
+    other = _spec(shop_copy, store_dir, metrics=["final_state_match"])
+    result = api.run_spec(other, run_context=ctx)
+    assert len(planned) == 2 and planned[1].metrics == ["final_state_match"], \
+        "expected the flow to plan its own spec"
+    assert {a.metric for a in result.aggregates} == {"final_state_match"}
+
+
+def test_an_error_planning_raised_is_the_flows(
+        shop_copy: Path, store_dir: Path) -> None:
+    (shop_copy / "shop.evalset.json").write_text('{"eval_set_id": "shop", "eval_cases": [')
+    spec = _spec(shop_copy, store_dir)
+    with pytest.raises(errors.EvalsnapError) as unprepared:
+        api.run_spec(spec)
+    ctx = context.RunContext(str(store_dir))
+    api.prepare(spec, ctx)
+    with pytest.raises(errors.EvalsnapError) as prepared:
+        api.run_spec(spec, run_context=ctx)
+    assert type(prepared.value) is type(unprepared.value)
+    assert str(prepared.value) == str(unprepared.value)
