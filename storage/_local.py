@@ -32,6 +32,7 @@ import itertools
 import os
 import stat
 import sys
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from storage._layout import LAYOUT_VERSION
@@ -124,8 +125,46 @@ def write_once(path: str, data: bytes, *, sync: bool = True, root: str | None = 
     _confined(path, root, final=True)
     if _freshen(path):
         return False
+    return _place_once(_write_temp(os.path.dirname(path), data, sync), path, sync)
+
+
+def write_once_streamed(directory: str, parts: Iterable[bytes], name: Callable[[], str], *,
+                        intact: Callable[[str], bool], sync: bool = True,
+                        root: str | None = None) -> tuple[str, bool]:
+    """:func:`write_once` of bytes given a part at a time, never held whole: they go to a
+    temporary file in ``directory`` (on the same file system as every path ``name`` gives),
+    then ``name()`` (called once every part is written: e.g. their hash) says where the
+    file goes. A file there already is kept if ``intact(path)``, else replaced (damage: the
+    same name must hold the same bytes). Returns that path and whether this call wrote it."""
+    _confined(directory, root, final=False)
+    tmp = _write_temp(directory, parts, sync)
+    try:
+        path = name()
+        _confined(path, root, final=True)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    if _freshen(path):
+        if intact(path):
+            os.unlink(tmp)
+            return path, False
+        try:
+            os.replace(tmp, path)  # repaired whole
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        if sync:
+            _fsync(os.path.dirname(path), strict=False)
+        return path, True
+    return path, _place_once(tmp, path, sync)
+
+
+def _place_once(tmp: str, path: str, sync: bool) -> bool:
+    """Moves the temporary file ``tmp`` to ``path`` unless a file is there already."""
     directory = os.path.dirname(path)
-    tmp = _write_temp(directory, data, sync)
+    os.makedirs(directory, exist_ok=True)
     try:
         try:
             os.link(tmp, path)
@@ -289,8 +328,9 @@ def _syncfs(directories: list[str]) -> bool:
 _temp_ids = itertools.count()
 
 
-def _write_temp(directory: str, data: bytes, sync: bool = True) -> str:
-    """Write ``data`` to a new temporary file in ``directory`` (created if missing)."""
+def _write_temp(directory: str, data: bytes | Iterable[bytes], sync: bool = True) -> str:
+    """Write ``data`` (bytes, or its parts one after another) to a new temporary file in
+    ``directory`` (created if missing)."""
     # O_EXCL: never write through a file someone else created; 0o644 is filtered by umask.
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
     while True:
@@ -305,7 +345,11 @@ def _write_temp(directory: str, data: bytes, sync: bool = True) -> str:
             os.makedirs(directory, exist_ok=True)  # first write into this directory
     try:
         with open(fd, "wb", closefd=True) as handle:
-            handle.write(data)
+            if isinstance(data, bytes | bytearray | memoryview):
+                handle.write(data)
+            else:
+                for part in data:
+                    handle.write(part)
             if sync:
                 handle.flush()
                 os.fsync(handle.fileno())

@@ -64,6 +64,10 @@ READ_CACHE_BYTES = 128 * 2**20
 #: detailed cases read them again, and at 10,000 cases they filled the whole cache (measured:
 #: 192 MB of a 1.5 GB peak) and pushed out the units and inference records read again.
 READ_CACHE_JUDGE_BYTES = 32 * 2**20
+#: Prefect's task results a run keeps in mind (Prefect reads a cache hit twice, right after
+#: it asked for it the first time): the most recent, up to this many bytes (one result of
+#: at most a quarter of it: a metric task of ~10,000 units).
+TASK_RESULTS_BYTES = 32 * 2**20
 #: The most bytes read of one stored file: a planted huge file is refused after this many
 #: bytes, never downloaded or parsed whole (refs: run manifests, reports; objects: records).
 MAX_REF_BYTES = 256 * 2**20
@@ -335,6 +339,48 @@ class Store:
         self._learn(rel, data)
         if kind == PACK_KIND:
             self._damaged_packs.pop(oid, None)
+        return oid
+
+    def put_object_streamed(self, kind: str, parts: Iterable[bytes]) -> str:
+        """:meth:`put_object` of bytes given a part at a time (a record of 70,000 units is
+        ~50 MB): on local disk they are written and hashed as they come, never held whole
+        (nor kept in the read cache); on an object store they are joined for its one PUT."""
+        kind = validate_kind(kind)
+        if self._b.protocol != "file":
+            return self.put_object(kind, b"".join(parts))
+        self._ensure_ready()
+        digest = hashlib.sha256()
+
+        def hashed() -> Iterator[bytes]:
+            for part in parts:
+                digest.update(part)
+                yield part
+
+        def name() -> str:
+            return self._path(object_rel(kind, "sha256:" + digest.hexdigest()))
+
+        def intact(path: str) -> bool:  # a file there already: the bytes its name says?
+            check = hashlib.sha256()
+            with open(path, "rb") as handle:
+                while chunk := handle.read(1 << 20):
+                    check.update(chunk)
+            if check.hexdigest() == digest.hexdigest():
+                return True
+            logger.warning("repairing damaged object %s", self._url_of(path))
+            return False
+
+        what = f"writing a {kind} object to {self.url}"
+        sync = self._durability == "each"
+        self._b.requests.add("put")
+        with self._b.failures(what):
+            path, _ = _local.write_once_streamed(
+                self._path(f"{LAYOUT_VERSION}/objects/{kind}"), hashed(), name, intact=intact,
+                sync=sync, root=self._b.root)
+        if not sync:
+            self._deferred(path)
+        oid = "sha256:" + digest.hexdigest()
+        if self._in_run:
+            self._known.add(object_rel(kind, oid))
         return oid
 
     def put_objects(self, kind: str, items: Iterable[bytes]) -> list[str]:
@@ -859,19 +905,28 @@ class Store:
         self._ensure_ready()
         self._write_whole(rel, as_bytes(data), f"writing {self._url(rel)}")
         if self._in_run:
-            self.run_memo.setdefault("task results", {})[name] = as_bytes(data)
+            self._task_results().put(name, as_bytes(data))
 
     def get_task_result(self, name: str) -> bytes | None:
         """The bytes of ``v1/prefect/<name>``, or ``None`` if there are none."""
         rel = f"{LAYOUT_VERSION}/prefect/{validate_id(name, 'task result name')}"
-        memo = self.run_memo.setdefault("task results", {}) if self._in_run else {}
-        if name in memo:  # Prefect reads a cache hit twice; the store is asked once a run
-            return memo[name]  # type: ignore[no-any-return]
+        memo = self._task_results() if self._in_run else None
+        known = memo.get(name) if memo is not None else None
+        if known is not None:  # Prefect reads a cache hit twice; the store is asked once a run
+            return known
         self._ensure_ready()
         data = self._read(rel, f"reading {self._url(rel)}", limit=MAX_REF_BYTES)
-        if self._in_run:
-            memo[name] = data
+        if memo is not None and data is not None:
+            memo.put(name, data)
         return data
+
+    def _task_results(self) -> _ByteLRU:
+        """Task results this run wrote or read, the most recent :data:`TASK_RESULTS_BYTES`
+        (every one of a 6,000-case run's was 13 MB kept to its end; memray)."""
+        memo = self.run_memo.get("task results")
+        if not isinstance(memo, _ByteLRU):
+            memo = self.run_memo.setdefault("task results", _ByteLRU(TASK_RESULTS_BYTES))
+        return memo  # type: ignore[no-any-return]
 
     def list_task_results(self) -> list[str]:
         """Names of Prefect's cached task results (``v1/prefect/<name>``), sorted."""

@@ -3,6 +3,10 @@ once as a content-addressed snapshot. From then on scoring reads only the snapsh
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+from google.adk.evaluation.eval_case import EvalCase
 from google.adk.evaluation.eval_set import EvalSet
 from google.adk.version import __version__ as ADK_VERSION
 from pydantic import BaseModel, ConfigDict
@@ -38,12 +42,19 @@ def _inference_packs(store: Store, cases: list[FrozenCase]) -> list[str]:
 def freeze(req: FreezeRequest, store: Store) -> str:
     """Writes the snapshot (write-once, content-addressed) to the run's ``store`` and
     returns its id."""
-    eval_set = EvalSet.model_validate_json(req.eval_set_json)
+    # The eval set's cases parsed one at a time, each let go once its reference is made: as
+    # one EvalSet they were a second copy of the plan's (~12 KB a case, freeze's peak at
+    # 6,000 cases, memray); the JSON is the plan's own dump, a valid EvalSet.
+    raw = json.loads(req.eval_set_json)
+    raw_cases: list[Any] = raw.pop("eval_cases")
+    eval_set = EvalSet.model_validate({**raw, "eval_cases": []})
     by_case: dict[str, list[InferenceOutcome]] = {}
     for outcome in sorted(req.outcomes, key=lambda o: o.repetition):
         by_case.setdefault(outcome.eval_id, []).append(outcome)
     cases = []
-    for case in eval_set.eval_cases:
+    for i, data in enumerate(raw_cases):
+        raw_cases[i] = None
+        case = EvalCase.model_validate(data)
         reference = case.model_dump(mode="json", by_alias=False)
         for outcome in by_case.get(case.eval_id, []):
             record = repo.get_inference(store, outcome.oid)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, model_validator
@@ -124,26 +125,39 @@ class StoredModel(FrozenModel):
         A long list of models (a record's units, a snapshot's cases) is encoded an item at a
         time, to the same bytes: as one dict, a record of 70,000 units took six times its
         52 MB while it was written."""
-        long = {name for name, value in self if name not in self.VOLATILE
+        if not self._long_fields():
+            return _canonical(self.model_dump(mode="json", exclude=set(self.VOLATILE))).encode()
+        return b"".join(list(self.iter_bytes()))  # each item's bytes, joined once
+
+    def is_long(self) -> bool:
+        """Whether :meth:`iter_bytes` makes this record's bytes a part at a time."""
+        return bool(self._long_fields())
+
+    def _long_fields(self) -> set[str]:
+        return {name for name, value in self if name not in self.VOLATILE
                 and isinstance(value, list) and len(value) > _LONG
                 and all(type(item) is type(value[0]) for item in value)
                 and isinstance(value[0], FrozenModel)}  # evalsnap's own, dumped alike alone
+
+    def iter_bytes(self) -> Iterator[bytes]:
+        """The bytes of :meth:`to_bytes`, a part at a time (a long list's items one by one:
+        written as they are made, a record of 70,000 units is never held as bytes whole)."""
+        long = self._long_fields()
         head = self.model_dump(mode="json", exclude=set(self.VOLATILE) | long)
         if not long:
-            return _canonical(head).encode()
-        parts: list[bytes] = [b"{"]  # each item's bytes, joined once (no str of it all)
+            yield _canonical(head).encode()
+            return
+        yield b"{"
         for i, key in enumerate(sorted([*head, *long])):
-            parts.append(f"{', ' if i else ''}{_canonical(key)}: ".encode())
+            yield f"{', ' if i else ''}{_canonical(key)}: ".encode()
             if key in head:
-                parts.append(_canonical(head[key]).encode())
+                yield _canonical(head[key]).encode()
                 continue
-            parts.append(b"[")
+            yield b"["
             for j, item in enumerate(getattr(self, key)):
-                parts.append((b", " if j else b"") + _canonical(
-                    item.model_dump(mode="json")).encode())
-            parts.append(b"]")
-        parts.append(b"}")
-        return b"".join(parts)
+                yield (b", " if j else b"") + _canonical(item.model_dump(mode="json")).encode()
+            yield b"]"
+        yield b"}"
 
     @classmethod
     def from_bytes(cls, data: bytes, *, where: str = "") -> Self:

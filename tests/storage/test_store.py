@@ -280,6 +280,36 @@ def test_writing_good_bytes_again_repairs_a_damaged_object(store: Store, backend
     assert store.verify() == []
 
 
+def test_a_streamed_write_stores_the_same_object_and_repairs_damage(
+        store: Store, backend: Any) -> None:
+    """``put_object_streamed``: bytes given a part at a time (a long record) become the same
+    object as ``put_object`` of their join; on local disk never held whole, and a damaged
+    file of that id is replaced whole, an intact one kept."""
+    parts = [b"{", *(b'"part %d", ' % i for i in range(500)), b'"end"}']
+    data = b"".join(parts)
+    oid = store.put_object_streamed(KIND, iter(parts))
+    assert oid == _sha(data)
+    assert Store(store.url).get_object(KIND, oid) == data
+    assert store.put_object_streamed(KIND, iter(parts)) == oid  # there already: kept
+    fs, path = backend.raw_fs_and_path(store.object_url(KIND, oid))
+    damaged = bytearray(data)
+    damaged[7] ^= 0x20
+    if backend.name == "local":
+        with open(path, "r+b") as handle:
+            handle.seek(7)
+            handle.write(bytes([damaged[7]]))
+    else:
+        fs.pipe_file(path, bytes(damaged))
+    with pytest.raises(CorruptObjectError):
+        Store(store.url).get_object(KIND, oid)
+    assert store.put_object_streamed(KIND, iter(parts)) == oid
+    assert Store(store.url).get_object(KIND, oid) == data
+    assert store.verify() == []
+    if backend.name == "local":  # no temporary file left in the kind's folder
+        assert [n for n in os.listdir(os.path.dirname(os.path.dirname(path)))
+                if not n.isalnum()] == []
+
+
 def test_a_run_reads_each_object_once_and_never_heads(store: Store) -> None:
     """Within a run (``new_run`` … ``end_run``) objects are immutable to the store instance:
     an object read or written once costs no second request; outside a run, every read goes
