@@ -82,8 +82,13 @@ def test_objects_are_written_once_and_all_verify(both: dict[str, Any]) -> None:
     assert list(Path(both["agent"]).rglob(".tmp-*")) == []
     named: dict[str, set[str]] = {kind: set() for kind in OBJECT_KINDS}
     for run_id in store.list_refs("runs"):
-        for entry in json.loads(store.get_ref("runs", run_id) or b"{}")["objects"]:
+        manifest = json.loads(store.get_ref("runs", run_id) or b"{}")
+        for entry in manifest["objects"]:
             named[entry["kind"]].add(entry["oid"])
+        # a unit a listed pack holds is named by the record alone (the manifest lists packs)
+        assert all(e["kind"] != "unit" for e in manifest["objects"]), manifest["objects"]
+        record = json.loads(store.get_object("record", manifest["record_oid"]))
+        named["unit"].update(u["unit_oid"] for u in record["units"])
     # a scoring task's units and judge entries live only in packs (the manifests list those)
     held: dict[str, dict[str, bytes]] = {"unit": {}, "judge": {}}
     for oid in named["pack"]:

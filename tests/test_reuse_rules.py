@@ -677,8 +677,8 @@ def check_run(w: World, s: Scenario, r: CliResult, label: str) -> None:
         if metric in s.why:
             assert got[k]["why"] == s.why[metric], \
                 f"{label}: expected why {s.why[metric]!r} for {k}, got {got[k]['why']!r}"
-    # what the store says: a reused unit is one the earlier run it names published (its
-    # manifest lists it), and it is complete; objects hold no run id (they are content)
+    # what the store says: a reused unit is one the earlier run it names published (the
+    # record its manifest names has it), and it is complete; objects hold no run id
     oid, record = stored_record(w.store, out["run_id"])
     assert oid == out["record_id"], f"{label}: expected the store's record of the run"
     for ref in record.units:
@@ -688,8 +688,10 @@ def check_run(w: World, s: Scenario, r: CliResult, label: str) -> None:
         if want[k]:
             assert ref.reused and ref.reused_from_run and ref.reused_from_run != out["run_id"], \
                 f"{label}: expected {k} reused from an earlier run, got {ref}"
-            listed = {e.oid for e in repo.read_manifest(w.store.open(),
-                                                        ref.reused_from_run).objects}
+            store = w.store.open()
+            earlier = repo.get(store, EvaluationRecord,
+                               repo.read_manifest(store, ref.reused_from_run).record_oid)
+            listed = {u.unit_oid for u in earlier.units}
             assert ref.unit_oid in listed and unit.complete, \
                 f"{label}: expected {k}'s unit published by run {ref.reused_from_run} and " \
                 f"complete, got listed={ref.unit_oid in listed}, complete={unit.complete}"

@@ -244,7 +244,11 @@ class RunManifest(StoredModel):
     record_oid: str
     snapshot_oid: str | None
     objects: list[ManifestEntry]
-    """Every object the record depends on."""
+    """The objects the record depends on: the record, its snapshot, inference records and
+    packs, and each unit no listed pack holds (since packs-only, a pack is the only copy of
+    the units and judge entries it holds; manifests written before list every unit). What
+    the record names is followed from it (``gc``, ``verify``); this list is what a
+    damaged record still keeps."""
     passed: bool
     complete: bool
     created_at: str
