@@ -91,9 +91,13 @@ def cached(task: T, request: Any) -> T:
     from evalsnap.pipeline.reuse import refresh_cache
     from tasks.results import IdsSerializer
 
+    # not cached in memory by Prefect's ResultStore (an LRU of 1,000 records that lives as
+    # long as the flow): a scoring task's result is a list of every unit's outcome, ~2 KB a
+    # case held to the end of the run; the future's state holds it while it is needed
     return task.with_options(  # type: ignore[attr-defined, no-any-return]
         result_storage=_results_block(request.store_url), result_serializer=IdsSerializer(),
-        persist_result=True, refresh_cache=refresh_cache(request))
+        persist_result=True, refresh_cache=refresh_cache(request),
+        cache_result_in_memory=False)
 
 
 @functools.lru_cache(maxsize=16)
