@@ -640,8 +640,10 @@ class Store:
     def written_elsewhere(self, kind: str, oid: str, data: bytes) -> None:
         """``data`` is object ``oid`` as another process of this run wrote it moments ago (a
         scoring process's pack): known to be in the store, as if this instance wrote it."""
-        if self.remember(kind, oid, data):
-            self._learn(object_rel(validate_kind(kind), oid))
+        rel = object_rel(validate_kind(kind), oid)  # one string for both maps, not two
+        if self._in_run and oid_of(data) == oid:
+            self._cache.put(rel, data)
+            self._learn(rel)
 
     def let_go(self, kind: str, oid: str) -> None:
         """Drop the bytes of ``oid`` from the read cache (it stays known to be in the store):
