@@ -154,6 +154,33 @@ def test_a_runs_summary_holds_its_rows_as_json_and_writes_the_same_line(
     assert result.cases != changed.cases
 
 
+def test_rows_past_the_memory_limit_are_in_a_file_and_read_the_same(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 31 (memory): past ``ROWS_IN_MEMORY`` bytes a summary's rows are in a temporary
+    file; they read, slice, iterate (across the 512-row blocks), compare and pickle as the
+    rows kept in memory do."""
+    import pickle
+
+    from evalsnap.reports import summary_model
+    from evalsnap.reports.summary_model import MetricResult, Rows
+
+    models = [MetricResult(status="PASSED", score=n / 1500, reason=f"case {n}")
+              for n in range(1500)]
+    in_memory = Rows(MetricResult, models)
+    monkeypatch.setattr(summary_model, "ROWS_IN_MEMORY", 1000)
+    spilled = Rows(MetricResult, models)
+    assert spilled._items._file._rolled and not in_memory._items._file._rolled  # type: ignore[attr-defined]
+    assert len(spilled) == 1500 and list(spilled) == models == list(in_memory)
+    assert spilled[0] == models[0] and spilled[511] == models[511] and spilled[512] == models[512]
+    assert spilled[-1] == models[-1] and spilled[700:705] == models[700:705]
+    assert spilled[::499] == models[::499] and spilled == in_memory
+    assert list(spilled.json_items()) == [m.model_dump_json().encode() for m in models]
+    assert pickle.loads(pickle.dumps(spilled)) == spilled
+    with pytest.raises(IndexError):
+        spilled[1500]
+    assert Rows(MetricResult, models[:-1]) != spilled
+
+
 def test_rows_read_as_a_list() -> None:
     from evalsnap.reports.summary_model import MetricResult, Rows
 
