@@ -17,6 +17,7 @@ from evalsnap.reports.artifacts import RunProgress
 from evalsnap.reports.regressions import FailOn
 from evalsnap.reports.suite import combined
 from evalsnap.reports.summary_model import RecordResult
+from evalsnap.rows import Rows
 from evalsnap.spec import RunOptions, RunSpec
 from tasks import freeze_task, publish_task, run_inference, run_scoring, scoring_pool
 from tasks.support import (
@@ -169,8 +170,8 @@ def _evaluate(plan: Plan, run: RunOptions, runner: str) -> RecordResult:
 
 
 def _until_stable(plan: Plan, run: RunOptions, progress: RunProgress, pool: Any,
-                  outcomes: list[InferenceOutcome], units: list[UnitOutcome],
-                  snapshot_oid: str) -> tuple[list[InferenceOutcome], list[UnitOutcome], str]:
+                  outcomes: list[InferenceOutcome], units: Rows[UnitOutcome],
+                  snapshot_oid: str) -> tuple[list[InferenceOutcome], Rows[UnitOutcome], str]:
     """``--until-stable``: rounds of more repetitions for the cases in doubt (each round
     infers, freezes and scores only its own repetitions), then one snapshot of them all for
     the record (:mod:`evalsnap.pipeline.stability`)."""

@@ -30,6 +30,7 @@ from pydantic import Field
 from evalsnap.errors import EvalsnapError
 from evalsnap.pipeline import context, reuse
 from evalsnap.records.task_results import SERIALIZER_TYPE, loads_plain, plain, record_value
+from evalsnap.rows import Rows
 from storage import TooLarge
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,8 @@ class IdsSerializer(Serializer):  # type: ignore[type-arg]
     type: str = Field(default=SERIALIZER_TYPE, frozen=True)
 
     def dumps(self, obj: Any) -> bytes:
+        if isinstance(obj, Rows):  # a scoring task's outcomes: the list of each row's JSON
+            return b"[" + b",".join(obj.json_items()) + b"]"
         if not plain(obj):
             raise ValueError("evalsnap task results are plain JSON data (ids), "
                              f"not {type(obj).__name__}")

@@ -14,28 +14,32 @@ from evalsnap.pipeline import context, reuse
 from evalsnap.pipeline.outcomes import UnitOutcome
 from evalsnap.pipeline.plan import Plan
 from evalsnap.pipeline.score import ScoreRequest, score_metric, units_lost
+from evalsnap.rows import Rows
 from evalsnap.spec import RunOptions
 from tasks.support import cached, wait_tracked
 
 
 @task(name="score", task_run_name="score {request.metric_name}",
       cache_key_fn=reuse.score_cache_key)
-def score_task(request: ScoreRequest) -> list[dict[str, Any]]:
+def score_task(request: ScoreRequest) -> Rows[UnitOutcome]:
     """Scores (or reuses) one metric on every frozen case. Sync on purpose (see
-    ``tasks.inference``): the event loop lives inside the task."""
-    return [o.model_dump(mode="json") for o in score_metric(request, context.of(request.store_url))]
+    ``tasks.inference``): the event loop lives inside the task. Its units' outcomes are
+    :class:`~evalsnap.rows.Rows` (their JSON, past a few MB in a temporary file): a run of
+    30,000 cases held 210,000 of them as dicts and again as models until publish."""
+    return score_metric(request, context.of(request.store_url))
 
 
 def run_scoring(requests: list[ScoreRequest], progress: Any = None,
-                pool: Any = None) -> list[UnitOutcome]:
+                pool: Any = None) -> Rows[UnitOutcome]:
     """Submits one task per metric, waits, and returns every unit outcome (in metric order).
 
     With a ``pool`` (:func:`scoring_pool`), the code metrics and every second judge metric
     score there, on another core, and the other judge metrics in the flow's task runner: a
     code metric keeps an interpreter busy, a judge metric mostly waits on its model.
     """
+    units = Rows(UnitOutcome)
     if not requests:
-        return []
+        return units
     run = cached(score_task, requests[0])
     judges = [r for r in requests if r.judge]
     here = {r.metric_name for r in (judges or requests)[::2]} if pool is not None else None
@@ -44,15 +48,20 @@ def run_scoring(requests: list[ScoreRequest], progress: Any = None,
     wait_tracked(futures, progress)
     if pool is not None:  # the scoring process's store requests are the run's too
         _count_pool_requests(pool, requests[0].store_url)
-    return [UnitOutcome.model_validate(u) for r, f in zip(requests, futures, strict=True)
-            for u in _units_of(r, f)]
+    for r, f in zip(requests, futures, strict=True):
+        metric = _units_of(r, f)
+        if isinstance(metric, Rows):
+            units.extend_json(metric.json_items())
+        else:  # a cached result read back: the list of each unit's data
+            units.extend(UnitOutcome.model_validate(u) for u in metric)
+    return units
 
 
-def _units_of(request: ScoreRequest, future: Any) -> list[Any]:
+def _units_of(request: ScoreRequest, future: Any) -> Rows[UnitOutcome] | list[Any]:
     """A metric task's units; when its scoring process died under it (user code that called
     ``os._exit``, a crash), the metric's units say so instead of the run failing."""
     try:
-        return list(future.result())
+        return future.result()  # type: ignore[no-any-return]
     except BrokenProcessPool as exc:
         return units_lost(request, f"the scoring process ended while this metric was being "
                                    f"scored there ({exc}); user code may have ended it "

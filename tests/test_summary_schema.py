@@ -161,7 +161,7 @@ def test_rows_past_the_memory_limit_are_in_a_file_and_read_the_same(
     rows kept in memory do."""
     import pickle
 
-    from evalsnap.reports import summary_model
+    from evalsnap import rows as summary_model
     from evalsnap.reports.summary_model import MetricResult, Rows
 
     models = [MetricResult(status="PASSED", score=n / 1500, reason=f"case {n}")
@@ -179,6 +179,25 @@ def test_rows_past_the_memory_limit_are_in_a_file_and_read_the_same(
     with pytest.raises(IndexError):
         spilled[1500]
     assert Rows(MetricResult, models[:-1]) != spilled
+
+
+def test_rows_grow_at_the_end_and_let_go() -> None:
+    """Rows are added with ``extend`` (models) and ``extend_json`` (another's rows), joined
+    with ``+`` (neither side changes), and ``clear`` lets them all go."""
+    from evalsnap.reports.summary_model import MetricResult, Rows
+
+    models = [MetricResult(status="PASSED", score=n / 10) for n in range(10)]
+    rows = Rows(MetricResult, models[:3])
+    rows.extend(models[3:6])
+    other = Rows.of_json(MetricResult, [m.model_dump_json().encode() for m in models[6:8]])
+    rows.extend_json(other.json_items())
+    assert list(rows) == models[:8] and len(rows) == 8
+    both = rows + models[8:]
+    assert list(both) == models and len(rows) == 8
+    assert list(rows + other) == models[:8] + models[6:8]
+    assert both[-1] == models[-1] and list(both.json_items())[3] == models[3].model_dump_json().encode()
+    both.clear()
+    assert len(both) == 0 and list(both) == [] and len(rows) == 8
 
 
 def test_rows_read_as_a_list() -> None:

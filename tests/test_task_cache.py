@@ -113,6 +113,26 @@ def test_the_serializer_writes_and_reads_plain_data_only() -> None:
         s.loads(b"[" * 40 + b"]" * 40)
 
 
+def test_a_scoring_tasks_rows_are_cached_as_the_list_of_their_outcomes(results) -> None:
+    """Issue 31 (memory): a scoring task returns its outcomes as :class:`Rows` (their JSON);
+    the serializer writes them as the list a cached result always was, which reads back as
+    plain data, is cacheable under its key, and validates as the same outcomes."""
+    from evalsnap.pipeline.outcomes import UnitOutcome
+    from evalsnap.rows import Rows
+
+    key = reuse.score_key("m", [("c", 0, "sha256:u1"), ("d", 0, "sha256:u2")])
+    outcomes = [UnitOutcome.model_validate(_unit("sha256:u1")),
+                UnitOutcome.model_validate({**_unit("sha256:u2"), "eval_id": "d"})]
+    s = IdsSerializer()
+    data = s.loads(s.dumps(Rows(UnitOutcome, outcomes)))
+    assert data == [o.model_dump(mode="json") for o in outcomes]
+    assert reuse.cacheable(key, data)
+    assert [UnitOutcome.model_validate(u) for u in data] == outcomes
+    content = _record({"type": "evalsnap-ids"}, s.dumps(Rows(UnitOutcome, outcomes)).decode())
+    results.write_path(key, content)
+    assert repo.open_store(results.store_url).get_task_result(key) == content
+
+
 def test_no_key_with_force_or_for_an_untrusted_metric_and_no_read_without_reuse() -> None:
     from types import SimpleNamespace as NS
 

@@ -31,6 +31,7 @@ from evalsnap.spec import RunOptions, RunSpec
 
 if TYPE_CHECKING:
     from evalsnap.pipeline.context import RunContext
+    from evalsnap.rows import Rows
 
 logger = logging.getLogger(__name__)
 
@@ -165,10 +166,12 @@ class Plan:
             for rule in snapshot.rules]
 
     def publish_request(self, run: RunOptions, snapshot_oid: str,
-                        outcomes: list[InferenceOutcome], units: list[UnitOutcome]) -> PublishRequest:
+                        outcomes: list[InferenceOutcome],
+                        units: Rows[UnitOutcome] | list[UnitOutcome]) -> PublishRequest:
         return PublishRequest(
             store_url=self.store_url, run_id=run.run_id, kind=run.kind, snapshot_oid=snapshot_oid,
-            inference=outcomes, units=units, reuse=run.reuse, force=run.force, source=self.source,
+            inference=outcomes, units=units,  # type: ignore[arg-type]  # RowList: Rows or list
+            reuse=run.reuse, force=run.force, source=self.source,
             skipped_cases=self.skipped_cases, uninferred_cases=self.uninferred_cases,
             agent_dir=str(self.agent.path) if self.agent else None, prices=self.config.prices,
             coverage=self.coverage(), baseline=self.baseline, fail_on=self.fail_on)

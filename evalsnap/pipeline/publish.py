@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -25,6 +26,7 @@ from evalsnap.records import (
     repo,
 )
 from evalsnap.records.record import Baseline, Coverage, ModelPrice, TokenCounts
+from evalsnap.rows import RowList
 from storage import Store
 
 if TYPE_CHECKING:
@@ -119,15 +121,6 @@ def inference_ref(store: Store, outcome: InferenceOutcome, run_id: str) -> tuple
     }), max(0, calls - reported)
 
 
-def judge_spend(fresh: list[UnitOutcome]) -> tuple[dict[str, TokenCounts], int]:
-    """This run's judge tokens by model, as the scoring tasks counted them from the ledger
-    entries they wrote; and how many of those calls have no recorded token usage."""
-    by_model: dict[str, TokenCounts] = {}
-    for outcome in fresh:
-        efficiency.merge_by_model(by_model, outcome.judge_tokens)
-    return by_model, sum(o.judge_unreported for o in fresh)
-
-
 def token_summary(inf_refs: list[InferenceRef], agent_unreported: int,
                   judge_by_model: dict[str, TokenCounts], judge_unreported: int,
                   judge_calls: int, prices: dict[str, ModelPrice] | None) -> dict[str, Any]:
@@ -163,7 +156,9 @@ class PublishRequest(BaseModel):
     kind: Literal["run", "rescore"]
     snapshot_oid: str
     inference: list[InferenceOutcome]
-    units: list[UnitOutcome]
+    units: RowList[UnitOutcome]
+    """Every unit's outcome: :class:`~evalsnap.rows.Rows` from the scoring tasks (their
+    JSON, in a temporary file past a few MB), read a unit at a time."""
     reuse: bool
     force: bool
     source: str | None = None
@@ -181,10 +176,10 @@ class PublishRequest(BaseModel):
     """The run's gate (``--fail-on``), recorded: what makes the run *good* (``last-good``)."""
 
 
-def _unscored(snapshot: Snapshot, inference: list[InferenceOutcome], units: list[UnitOutcome],
-              uninferred: list[str]) -> list[str]:
-    """What the run selected and has no unit for (a run that scored nothing passes nothing)."""
-    have = {(o.eval_id, o.repetition, o.metric_name) for o in units}
+def _unscored(snapshot: Snapshot, inference: list[InferenceOutcome],
+              have: set[tuple[str, int, str]], uninferred: list[str]) -> list[str]:
+    """What the run selected and has no unit for (a run that scored nothing passes nothing);
+    ``have``: the (eval id, repetition, metric) of every unit the run has."""
     missing = [f"{i.eval_id}#{i.repetition}/{r.metric_name}" for i in inference
                for r in snapshot.rules if (i.eval_id, i.repetition, r.metric_name) not in have]
     if missing:
@@ -253,13 +248,25 @@ def publish(req: PublishRequest, ctx: RunContext, *,
                 return oid, record
         return None, None
 
-    unit_refs, recovered = [], []
+    # One pass over the units (each read from its row as it comes: the scoring tasks keep
+    # them as JSON, not as 210,000 models at 30,000 cases): the record's references, and
+    # what the summary and the commit need of them
+    unit_refs = []
     cases = (_Cases(parent_snapshot), _Cases(snapshot))
+    have: set[tuple[str, int, str]] = set()
+    n_units = n_fresh = judge_calls = reused_samples = judge_unreported = 0
+    judge_by_model: dict[str, TokenCounts] = {}
+    all_passed = all_complete = True
+    indexed: list[tuple[str, bool, str, str]] = []
+    indexed_packs: dict[str, None] = {}
+    # the manifest lists a unit only where no pack holds it (a loose unit of an earlier
+    # version): a pack the record names is the object of its members, and listing 70,000
+    # units made a 10,000-case run's manifest 8 MB, read again by the site and `history`
+    loose_units: dict[str, None] = {}
     for o in req.units:
+        n_units += 1
         reused = o.run_id != req.run_id
         origin_oid, origin = published_origin(o) if reused else (None, None)
-        if reused and origin is None:
-            recovered.append(o)
         unit_refs.append(UnitRef(
             eval_id=o.eval_id, repetition=o.repetition, metric_name=o.metric_name,
             unit_oid=o.unit_oid, unit_fingerprint=o.unit_fingerprint,
@@ -268,35 +275,37 @@ def publish(req: PublishRequest, ctx: RunContext, *,
             reused_from_record=origin_oid if origin else None,
             why=("reused" if origin else RECOVERED) if reused
             else explain_change(o, snapshot, parent_units, parent_snapshot, cases=cases)))
+        have.add((o.eval_id, o.repetition, o.metric_name))
+        all_passed = all_passed and o.status in ("PASSED", "INFORMATIONAL")
+        all_complete = all_complete and o.complete
+        if not reused:  # this run's work: its spend, and the index points at it
+            n_fresh += 1
+            judge_calls += o.judge_calls
+            reused_samples += o.reused_judge_samples
+            judge_unreported += o.judge_unreported
+            efficiency.merge_by_model(judge_by_model, o.judge_tokens)
+        if not reused or origin is None:  # a recovered unit is indexed as this run's too
+            indexed.append((o.unit_fingerprint, o.complete, o.unit_oid, o.run_id))
+            indexed_packs.update(dict.fromkeys(o.packs))
+        if not o.packs:
+            loose_units[o.unit_oid] = None
     inf_refs, agent_unreported = [], 0
     for i in req.inference:
         ref, unreported = inference_ref(store, i, req.run_id)
         inf_refs.append(ref)
         agent_unreported += unreported
-    fresh = [o for o in req.units if o.run_id == req.run_id]
-    judge_calls = sum(o.judge_calls for o in fresh)
-    judge_by_model, judge_unreported = judge_spend(fresh)
-    statuses = [o.status for o in req.units]
-    unscored = _unscored(snapshot, req.inference, req.units, req.uninferred_cases or [])
-    complete = (not unscored and all(o.complete for o in req.units)
+    unscored = _unscored(snapshot, req.inference, have, req.uninferred_cases or [])
+    del have
+    complete = (not unscored and all_complete
                 and all(i.status == "success" for i in req.inference))
     summary = RunSummary(
         complete=complete, unscored=unscored,
-        passed=complete and all(s in ("PASSED", "INFORMATIONAL") for s in statuses),
+        passed=complete and all_passed,
         agent_calls=sum(r.model_calls for r in inf_refs), judge_calls=judge_calls,
-        reused_units=len(req.units) - len(fresh), scored_units=len(fresh),
-        reused_judge_samples=sum(o.reused_judge_samples for o in fresh),
+        reused_units=n_units - n_fresh, scored_units=n_fresh,
+        reused_judge_samples=reused_samples,
         **token_summary(inf_refs, agent_unreported, judge_by_model, judge_unreported,
                         judge_calls, req.prices))
-    # What the commit needs of the outcomes; then they are let go, before the record's bytes
-    # are made (at 6,000 cases the outcomes were ~9 KB a case of publish's peak, there)
-    indexed = [(o.unit_fingerprint, o.complete, o.unit_oid, o.run_id) for o in fresh + recovered]
-    indexed_packs = list(dict.fromkeys(p for o in fresh + recovered for p in o.packs))
-    # the manifest lists a unit only where no pack holds it (a loose unit of an earlier
-    # version): a pack the record names is the object of its members, and listing 70,000
-    # units made a 10,000-case run's manifest 8 MB, read again by the site and `history`
-    loose_units = [o.unit_oid for o in req.units if not o.packs]
-    del fresh, recovered
     req.units.clear()
     frozen = {c.inference_oid for c in snapshot.cases}
     packs = unit_packs + (snapshot.packs if snapshot.packs and all(
@@ -317,12 +326,12 @@ def publish(req: PublishRequest, ctx: RunContext, *,
             logger.warning("could not write the ADK history copy: %s", exc)
     with ctx.commits.committing():  # a signal waits for the commit to end (evalsnap.cli.signals)
         record_oid = repo.put(store, record)
-        repo.index_units(store, indexed, record_oid, req.run_id, packs=indexed_packs)
+        repo.index_units(store, indexed, record_oid, req.run_id, packs=list(indexed_packs))
         repo.set_latest_record(store, snapshot.eval_set_id, record_oid, req.run_id)
         objects = [ManifestEntry(kind="record", oid=record_oid),
                    ManifestEntry(kind="snapshot", oid=req.snapshot_oid)]
         objects += [ManifestEntry(kind="inference", oid=i.inference_oid) for i in inf_refs]
-        objects += [ManifestEntry(kind="unit", oid=u) for u in dict.fromkeys(loose_units)]
+        objects += [ManifestEntry(kind="unit", oid=u) for u in loose_units]
         objects += [ManifestEntry(kind=pack.KIND, oid=p) for p in packs]
         repo.write_manifest(store, RunManifest(
             run_id=req.run_id, eval_set_id=snapshot.eval_set_id, app_name=snapshot.app_name,
@@ -345,19 +354,23 @@ def _gated(store: Store, record: EvaluationRecord) -> EvaluationRecord:
         update={"passed": passed})})
 
 
-def _own_packs(store: Store, units: list[UnitOutcome], run_id: str) -> list[str]:
+def _own_packs(store: Store, units: Iterable[UnitOutcome], run_id: str) -> list[str]:
     """The packs the units name, in first-seen order; the packs this run's scoring tasks
     wrote (perhaps in a scoring process) are read now, a batch at a time, so that what
     publish, the report and the ADK history copy read of those units comes from a few packs,
     not object by object: each unit's verdict is kept (the summary's), and the members'
     bytes go to the read cache (as many as it holds), not the packs' own."""
-    names = list(dict.fromkeys(p for o in units for p in o.packs))
-    own = list(dict.fromkeys(p for o in units if o.run_id == run_id for p in o.packs))
-    for kind, oid, data in pack.members_of(store, own):
+    names: dict[str, None] = {}
+    own: dict[str, None] = {}
+    for o in units:  # one pass: each unit is read from its row
+        names.update(dict.fromkeys(o.packs))
+        if o.run_id == run_id:
+            own.update(dict.fromkeys(o.packs))
+    for kind, oid, data in pack.members_of(store, list(own)):
         if kind == "unit":
             repo.remember_verdict(store, oid, data)
         store.written_elsewhere(kind, oid, data)
-    return names
+    return list(names)
 
 
 def _inference_packs(store: Store, inf_refs: list[InferenceRef]) -> list[str]:

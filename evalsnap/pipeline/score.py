@@ -34,6 +34,7 @@ from evalsnap.records import (
     repo,
     segments,
 )
+from evalsnap.rows import Rows
 from storage import Store
 
 if TYPE_CHECKING:
@@ -124,7 +125,7 @@ def import_agent(agent_dir: str | None, agent_name: str | None = None) -> None:
 
 
 async def score_metric_async(req: ScoreRequest, ctx: RunContext,
-                             on_unit: Callable[[], None] | None = None) -> list[UnitOutcome]:
+                             on_unit: Callable[[], None] | None = None) -> Rows[UnitOutcome]:
     ensure_paths(req.sys_paths)
     import_agent(req.agent_dir, req.agent_name)
     store = ctx.store
@@ -176,13 +177,15 @@ async def score_metric_async(req: ScoreRequest, ctx: RunContext,
 
     wanted = set(req.case_ids) if req.case_ids is not None else None
     cases = [c for c in snapshot.cases if wanted is None or c.eval_id in wanted]
-    outcomes: list[UnitOutcome] = []
+    # the outcomes kept as their JSON (past a few MB in a temporary file): a metric's task
+    # holds a chunk of them as models, not every case's
+    outcomes = Rows(UnitOutcome)
     for start in range(0, len(cases), CHUNK):  # scored and written as packs a chunk at a time
         writes = repo.WriteBatch(store, req.run_id)
         chunk = list(await asyncio.gather(*(one(c) for c in cases[start:start + CHUNK])))
         holders = writes.flush()  # the chunk's new units and entries as packs, then the index
-        outcomes += [o.model_copy(update={"packs": holders[o.unit_oid]})
-                     if o.run_id == req.run_id and o.unit_oid in holders else o for o in chunk]
+        outcomes.extend(o.model_copy(update={"packs": holders[o.unit_oid]})
+                        if o.run_id == req.run_id and o.unit_oid in holders else o for o in chunk)
     pack.repair(store)  # a damaged pack whose members this task did again
     return outcomes
 
@@ -215,14 +218,14 @@ def frozen_inferences(store: Store, snapshot_oid: str, snapshot: Snapshot,
                 store.written_elsewhere(kind, oid, body)
 
 
-def units_lost(req: ScoreRequest, reason: str, ctx: RunContext) -> list[UnitOutcome]:
+def units_lost(req: ScoreRequest, reason: str, ctx: RunContext) -> Rows[UnitOutcome]:
     """A metric whose scoring process died (a metric's ``os._exit``, the OOM killer): each of
     its units is reused where reuse allows and is otherwise NOT_EVALUATED with ``reason`` —
     incomplete, so never reused, and scored again by the next run."""
     store = ctx.store
     snapshot = repo.get_snapshot(store, req.snapshot_oid)
     rule = snapshot.rule(req.metric_name)
-    outcomes = []
+    outcomes = Rows(UnitOutcome)
     wanted = set(req.case_ids) if req.case_ids is not None else None
     for frozen in snapshot.cases:
         if wanted is not None and frozen.eval_id not in wanted:
@@ -231,13 +234,13 @@ def units_lost(req: ScoreRequest, reason: str, ctx: RunContext) -> list[UnitOutc
         if reused is None:
             unit = not_evaluated(rule, frozen, req.run_id, reason)
             reused = _outcome(unit, repo.put(store, unit), why)
-        outcomes.append(reused)
+        outcomes.extend((reused,))
         ctx.progress.advance("scoring")
     store.flush()
     return outcomes
 
 
-def score_metric(req: ScoreRequest, ctx: RunContext) -> list[UnitOutcome]:
+def score_metric(req: ScoreRequest, ctx: RunContext) -> Rows[UnitOutcome]:
     """Scores (or reuses) every unit of one metric in the run of ``ctx``; synchronous, on
     its own event loop, durable before it returns."""
     outcomes = asyncio.run(score_metric_async(req, ctx, lambda: ctx.progress.advance("scoring")))

@@ -15,171 +15,27 @@ Python API, the Prefect artifacts and events, and the reports.
 
 from __future__ import annotations
 
-import array
-import json
-import tempfile
-import threading
-from collections.abc import Iterable, Iterator, Sequence
-from typing import IO, Annotated, Any, ClassVar, Generic, Literal, TypeVar, overload
+from collections.abc import Iterable
+from typing import IO, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    GetCoreSchemaHandler,
     RootModel,
     SerializerFunctionWrapHandler,
     model_serializer,
 )
-from pydantic_core import core_schema, to_json
+from pydantic_core import to_json
 
 from evalsnap.records.record import Baseline, Coverage, EfficiencyValue, ModelPrice, TokenCounts
 from evalsnap.records.unit import Status
+from evalsnap.rows import RowList, Rows
 
 __all__ = ["Aggregate", "BaselineResult", "CaseResult", "Change", "MetricDelta", "MetricResult",
            "RecordResult", "RepetitionResult", "Rows", "RunSummary", "SuiteResult", "Summary",
            "as_record", "parts", "write_json"]
 
-M = TypeVar("M", bound=BaseModel)
-
-
-#: Bytes of rows' JSON a :class:`Rows` keeps in memory; past this they are in an unnamed
-#: temporary file (deleted with it), read back a row at a time.
-ROWS_IN_MEMORY = 4 << 20
-
-
-class _Spool(Sequence[bytes]):
-    """Byte strings appended once and read back by index: in memory up to
-    :data:`ROWS_IN_MEMORY`, then in an unnamed temporary file, each string's end offset in an
-    array (8 bytes a row)."""
-
-    __slots__ = ("_ends", "_file", "_lock")
-
-    def __init__(self, items: Iterable[bytes] = ()) -> None:
-        self._file = tempfile.SpooledTemporaryFile(max_size=ROWS_IN_MEMORY)  # noqa: SIM115
-        self._ends = array.array("Q")
-        self._lock = threading.Lock()
-        end = 0
-        for item in items:
-            self._file.write(item)
-            end += len(item)
-            self._ends.append(end)
-
-    def __len__(self) -> int:
-        return len(self._ends)
-
-    @overload
-    def __getitem__(self, index: int) -> bytes: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[bytes]: ...
-
-    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        end = self._ends[index]  # IndexError as a list's; a negative index counts from the end
-        i = index % len(self._ends)
-        start = self._ends[i - 1] if i else 0
-        with self._lock:
-            self._file.seek(start)
-            return self._file.read(end - start)
-
-    def __iter__(self) -> Iterator[bytes]:
-        start = 0
-        for i, end in enumerate(self._ends):
-            if not i % 512:  # a block of rows read at once (one seek, under the lock)
-                block_start = start
-                with self._lock:
-                    self._file.seek(block_start)
-                    block = self._file.read(self._ends[min(i + 511, len(self._ends) - 1)]
-                                            - block_start)
-            yield block[start - block_start:end - block_start]
-            start = end
-
-
-class Rows(Sequence[M], Generic[M]):
-    """A summary's rows (its cases, its aggregates) kept as each row's JSON and parsed when
-    read: at 10,000 cases × 7 metrics ~60 MB against ~400 MB of the rows as models, and past
-    :data:`ROWS_IN_MEMORY` that JSON is in a temporary file, not in memory (a 30,000-case
-    run's summary is 8 bytes a row here). A run's summary holds its rows this way;
-    everything that reads them iterates, indexes or counts them, as it would a list, and the
-    ``--json`` object is the same (:func:`write_json` writes it a row at a time)."""
-
-    __slots__ = ("_items", "_model")
-
-    def __init__(self, model: type[M], rows: Iterable[M] = ()) -> None:
-        self._model = model
-        self._items = _Spool(row.model_dump_json().encode() for row in rows)
-
-    @classmethod
-    def of_json(cls, model: type[M], items: Iterable[bytes]) -> Rows[M]:
-        """Rows from each row's JSON (as :meth:`json_items` gives it)."""
-        rows = cls(model)
-        rows._items = _Spool(items)
-        return rows
-
-    def json_items(self) -> Sequence[bytes]:
-        """Each row's JSON, as ``model_dump_json`` writes it."""
-        return self._items
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    @overload
-    def __getitem__(self, index: int) -> M: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[M]: ...
-
-    def __getitem__(self, index: int | slice) -> M | list[M]:
-        if isinstance(index, slice):
-            return [self._model.model_validate_json(b) for b in self._items[index]]
-        return self._model.model_validate_json(self._items[index])
-
-    def __iter__(self) -> Iterator[M]:
-        return (self._model.model_validate_json(b) for b in self._items)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Rows):
-            return (len(self) == len(other) and all(
-                a == b for a, b in zip(self._items, other._items, strict=True))) \
-                or list(self) == list(other)
-        return isinstance(other, Sequence) and not isinstance(other, str | bytes) \
-            and list(self) == list(other)
-
-    __hash__ = None  # type: ignore[assignment]  # as a list's
-
-    def __repr__(self) -> str:
-        return f"Rows[{self._model.__name__}]({len(self)} rows)"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return Rows.of_json, (self._model, tuple(self._items))
-
-
-class _RowsOrList:
-    """A field that holds a list of rows or :class:`Rows`: validated as the list (JSON data
-    becomes a list of models; a :class:`Rows` is kept as it is), described and written as
-    the list (the JSON schema and the ``--json`` object do not change)."""
-
-    def __get_pydantic_core_schema__(self, source: Any,
-                                     handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
-        as_list = handler(source)
-        return core_schema.json_or_python_schema(
-            json_schema=as_list,
-            python_schema=core_schema.union_schema(
-                [core_schema.is_instance_schema(Rows), as_list], mode="left_to_right"),
-            serialization=core_schema.wrap_serializer_function_ser_schema(
-                _rows_data, schema=as_list))
-
-
-def _rows_data(value: Any, handler: SerializerFunctionWrapHandler) -> Any:
-    if isinstance(value, Rows):  # the rows' own JSON, as data (no model of them is made)
-        return [json.loads(b) for b in value.json_items()]
-    return handler(value)
-
-
-RowList = Annotated[list[M], _RowsOrList()]
-"""``list[M]`` that may be held as :class:`Rows` (mypy sees the list; read it as a sequence)."""
 
 
 class _Contract(BaseModel):
