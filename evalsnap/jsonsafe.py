@@ -26,6 +26,17 @@ def _finite_float(text: str) -> float:
     return value
 
 
+#: ``json`` decoder with :func:`strict_json`'s number rules, for reading a document a value
+#: at a time (``raw_decode``); a text :func:`needs_whole_check` says so is left to
+#: :func:`strict_json`.
+STRICT_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float)
+
+
+def needs_whole_check(text: str) -> bool:
+    """Whether ``text`` holds an escape :func:`strict_json` checks on the parsed whole."""
+    return "\\u" in text and _NEEDS_CHECK.search(text) is not None
+
+
 def strict_json(text: str) -> Any:
     """``json.loads`` limited to what can be stored and fingerprinted: no NaN/Infinity (nor a
     number too large for a float, such as ``1e999``), no lone surrogate escapes (``\\ud800``),
@@ -35,7 +46,7 @@ def strict_json(text: str) -> Any:
         raw = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
     except RecursionError:
         raise ValueError("it is nested too deeply") from None
-    if "\\u" not in text or not _NEEDS_CHECK.search(text):
+    if not needs_whole_check(text):
         return raw
     try:
         json.dumps(raw, ensure_ascii=False).encode("utf-8")

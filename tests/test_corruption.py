@@ -7,14 +7,17 @@ One cold run builds a local store; each test damages its own copy of it.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from evalsnap.records import EvaluationRecord, LedgerEntry, ScoreUnit, repo
+from evalsnap.errors import CorruptRecordError
+from evalsnap.records import EvaluationRecord, FrozenCase, LedgerEntry, ScoreUnit, _base, repo
 from evalsnap.reports.verify import verify_store
+from evalsnap.rows import Rows
 from storage import Store
 from tests import _packs
 from tests._cli import run_inproc
@@ -242,18 +245,58 @@ def test_a_units_verdict_is_read_and_checked_as_the_unit_is(base: dict[str, Any]
 def test_long_records_are_written_as_the_same_bytes_an_item_at_a_time(base: dict[str, Any]) -> None:
     """A record's and a snapshot's bytes, encoded a unit (case) at a time, are exactly those
     of the whole model as one sorted dict: same objects, same ids, as earlier versions wrote."""
-    import json
-
-    from evalsnap.records import Snapshot, _base
+    from evalsnap.records import Snapshot
 
     s = Store(str(base["store"]))
     record = repo.get(s, EvaluationRecord, base["targets"]["record"])
     snapshot = repo.get_snapshot(s, record.snapshot_oid)
     many = record.model_copy(update={"units": record.units * 10})  # beyond the item-wise limit
-    cases = snapshot.model_copy(update={"cases": snapshot.cases * 10})
-    for model in (record, snapshot, many, cases):
+    cases = snapshot.model_copy(update={"cases": list(snapshot.cases) * 10})
+    rows = snapshot.model_copy(update={"cases": Rows(FrozenCase, list(snapshot.cases) * 10)})
+    for model in (record, snapshot, many, cases, rows):
         whole = json.dumps(model.model_dump(mode="json", exclude=set(model.VOLATILE)),
                            sort_keys=True, ensure_ascii=False, allow_nan=False).encode()
         assert model.to_bytes() == whole, f"expected the same bytes for {model.KIND}"
     assert len(many.units) > _base._LONG and len(cases.cases) > _base._LONG
-    assert isinstance(Snapshot.from_bytes(cases.to_bytes()), Snapshot)
+    assert rows.to_bytes() == cases.to_bytes()
+    again = Snapshot.from_bytes(cases.to_bytes())
+    assert isinstance(again.cases, Rows) and again == cases  # read a case at a time
+    assert again.to_bytes() == cases.to_bytes() and b"".join(again.iter_bytes()) == cases.to_bytes()
+
+
+def test_a_snapshot_read_a_case_at_a_time_refuses_what_the_strict_read_refuses(
+        base: dict[str, Any]) -> None:
+    """Issue 31 (memory): a snapshot's cases are read one at a time into rows; any bytes the
+    strict parse refuses are refused with its error, and bytes it takes (other spacing, a
+    paired surrogate escape) read as the same snapshot."""
+    import re
+
+    from evalsnap.records import Snapshot
+
+    s = Store(str(base["store"]))
+    record = repo.get(s, EvaluationRecord, base["targets"]["record"])
+    snapshot = repo.get_snapshot(s, record.snapshot_oid)
+    good = snapshot.to_bytes()
+    assert isinstance(Snapshot.from_bytes(good).cases, Rows)
+    spaced = json.dumps(json.loads(good), indent=2).encode()
+    assert Snapshot.from_bytes(spaced) == snapshot
+    paired = good.replace(b'"eval_id": "', b'"eval_id": "\\ud83d\\ude00', 1)
+    assert Snapshot.from_bytes(paired).cases[0].eval_id.startswith("\U0001f600")
+    first_case = re.search(rb'"inference_ok": (true|false)', good)
+    assert first_case is not None
+    bad = {
+        "NaN in a case": good[:first_case.start()] + b'"inference_ok": NaN' + good[first_case.end():],
+        "a lone surrogate": good.replace(b'"eval_id": "', b'"eval_id": "\\ud800', 1),
+        "more after the object": good + b" {}",
+        "a case missing": good.replace(b'"case_fingerprint"', b'"case_fingerprint_"', 1),
+        "cut short": good[:len(good) // 2],
+        "not UTF-8": good.replace(b'"eval_id"', b'"\xff"', 1),
+        "a deep value": good.replace(b'"reference": {', b'"reference": {"x": ' + b"[" * 5000
+                                     + b"]" * 5000 + b", ", 1),
+    }
+    for why, data in bad.items():
+        with pytest.raises(CorruptRecordError) as lazily:
+            Snapshot.from_bytes(data, where="x")
+        with pytest.raises(CorruptRecordError) as strictly:
+            Snapshot.from_data(_base.parse_stored(data, what="snapshot x"), where="x")
+        assert str(lazily.value) == str(strictly.value), why

@@ -76,7 +76,7 @@ def eval_set_result_parts(store: Any, record: EvaluationRecord) -> tuple[str, It
 def iter_eval_case_results(store: Any, record: EvaluationRecord) -> Iterator[EvalCaseResult]:
     """ADK's per-case results of a record, one case at a time."""
     snapshot = repo.get_snapshot(store, record.snapshot_oid) if record.snapshot_oid else None
-    frozen = {(c.eval_id, c.repetition): c for c in snapshot.cases} if snapshot else {}
+    frozen = snapshot.by_key() if snapshot else {}
     units_of: dict[str, list[UnitRef]] = {}
     for u in record.units:
         if u.repetition == 0:

@@ -4,6 +4,7 @@ once as a content-addressed snapshot. From then on scoring reads only the snapsh
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from google.adk.evaluation.eval_case import EvalCase
@@ -15,6 +16,7 @@ from evalsnap.agents.base import now_iso
 from evalsnap.fingerprint import case_fingerprint
 from evalsnap.pipeline.outcomes import InferenceOutcome
 from evalsnap.records import FrozenCase, MetricRule, Snapshot, pack, repo
+from evalsnap.rows import Rows
 from storage import Store
 
 
@@ -31,7 +33,7 @@ class FreezeRequest(BaseModel):
     app_name: str
 
 
-def _inference_packs(store: Store, cases: list[FrozenCase]) -> list[str]:
+def _inference_packs(store: Store, cases: Iterable[FrozenCase]) -> list[str]:
     """The cases' inference records written as packs (their bytes are in memory: read or
     written by this run), one at a time, each let go once written: a scoring process reads
     these few packs instead of a record per case, and publish names them in the record."""
@@ -51,19 +53,20 @@ def freeze(req: FreezeRequest, store: Store) -> str:
     by_case: dict[str, list[InferenceOutcome]] = {}
     for outcome in sorted(req.outcomes, key=lambda o: o.repetition):
         by_case.setdefault(outcome.eval_id, []).append(outcome)
-    cases = []
+    cases = Rows(FrozenCase)  # each case's JSON, past a few MB in a temporary file
     for i, data in enumerate(raw_cases):
         raw_cases[i] = None
         case = EvalCase.model_validate(data)
         reference = case.model_dump(mode="json", by_alias=False)
         for outcome in by_case.get(case.eval_id, []):
             record = repo.get_inference(store, outcome.oid)
-            cases.append(FrozenCase(
+            cases.extend((FrozenCase(
                 eval_id=case.eval_id, repetition=outcome.repetition, inference_oid=outcome.oid,
                 inference_fingerprint=record.inference_fingerprint, inference_ok=record.ok,
-                reference=reference, case_fingerprint=case_fingerprint(record, reference)))
+                reference=reference, case_fingerprint=case_fingerprint(record, reference)),))
     snapshot = Snapshot(eval_set_id=eval_set.eval_set_id, eval_set_name=eval_set.name,
-                        app_name=req.app_name, adk_version=ADK_VERSION, cases=cases,
+                        app_name=req.app_name, adk_version=ADK_VERSION,
+                        cases=cases,  # type: ignore[arg-type]  # RowList: Rows or list
                         rules=req.rules, packs=_inference_packs(store, cases),
                         created_at=now_iso())
     oid = repo.put(store, snapshot)

@@ -153,12 +153,12 @@ class Plan:
         """One request per metric of the snapshot."""
         snapshot = repo.get_snapshot(self.context.store, snapshot_oid)
         self.context.progress.expect("scoring", len(snapshot.cases) * len(snapshot.rules))
+        keys = [(c.eval_id, c.repetition, c.case_fingerprint) for c in snapshot.cases]  # once
         return [ScoreRequest(
             store_url=self.store_url, snapshot_oid=snapshot_oid, metric_name=rule.metric_name,
-            units_digest=reuse.units_digest([(c.eval_id, c.repetition,
-                                              unit_fingerprint(c.case_fingerprint,
-                                                               rule.rule_fingerprint))
-                                             for c in snapshot.cases]),
+            units_digest=reuse.units_digest([(eval_id, repetition,
+                                              unit_fingerprint(case_fp, rule.rule_fingerprint))
+                                             for eval_id, repetition, case_fp in keys]),
             trusted=rule.evaluator.trusted, judge=rule.judge, config_json=self.config_json,
             config_where=self.config.where, sys_paths=self.sys_paths,
             agent_dir=self.agent_dir, agent_name=self.agent_name, run_id=run.run_id,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -66,9 +66,8 @@ class _Cases:
         self.snapshot = snapshot
 
     @functools.cached_property
-    def by_key(self) -> dict[tuple[str, int], Any]:
-        cases = self.snapshot.cases if self.snapshot is not None else []
-        return {(c.eval_id, c.repetition): c for c in cases}
+    def by_key(self) -> Mapping[tuple[str, int], Any]:
+        return self.snapshot.by_key() if self.snapshot is not None else {}
 
 
 def explain_change(outcome: UnitOutcome, snapshot: Snapshot, parent_units: dict[tuple, UnitRef],

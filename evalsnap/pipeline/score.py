@@ -13,7 +13,7 @@ import json
 import logging
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
@@ -176,18 +176,29 @@ async def score_metric_async(req: ScoreRequest, ctx: RunContext,
         return _outcome(unit, writes.put(unit), why, reused_samples, entries)
 
     wanted = set(req.case_ids) if req.case_ids is not None else None
-    cases = [c for c in snapshot.cases if wanted is None or c.eval_id in wanted]
-    # the outcomes kept as their JSON (past a few MB in a temporary file): a metric's task
-    # holds a chunk of them as models, not every case's
+    # the frozen cases read a chunk at a time from the snapshot's rows, and the outcomes kept
+    # as their JSON (past a few MB in a temporary file): a metric's task holds a chunk of
+    # each as models, not every case's
     outcomes = Rows(UnitOutcome)
-    for start in range(0, len(cases), CHUNK):  # scored and written as packs a chunk at a time
-        writes = repo.WriteBatch(store, req.run_id)
-        chunk = list(await asyncio.gather(*(one(c) for c in cases[start:start + CHUNK])))
+    for cases in _chunks(c for c in snapshot.cases if wanted is None or c.eval_id in wanted):
+        writes = repo.WriteBatch(store, req.run_id)  # scored and written as packs a chunk at a time
+        chunk = list(await asyncio.gather(*(one(c) for c in cases)))
         holders = writes.flush()  # the chunk's new units and entries as packs, then the index
         outcomes.extend(o.model_copy(update={"packs": holders[o.unit_oid]})
                         if o.run_id == req.run_id and o.unit_oid in holders else o for o in chunk)
     pack.repair(store)  # a damaged pack whose members this task did again
     return outcomes
+
+
+def _chunks(cases: Iterable[FrozenCase]) -> Iterator[list[FrozenCase]]:
+    chunk: list[FrozenCase] = []
+    for case in cases:
+        chunk.append(case)
+        if len(chunk) == CHUNK:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 #: Units of one metric scored and written (as packs) at a time: what a metric task holds (its

@@ -17,6 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, mod
 
 from evalsnap.errors import CorruptRecordError, UnsupportedSchemaVersion
 from evalsnap.jsonsafe import strict_json
+from evalsnap.rows import Rows
 
 __all__ = ["CaseRepetition", "CorruptRecordError", "FrozenModel", "StoredModel", "first_problem",
            "parse_stored"]  # the error: evalsnap.errors
@@ -134,10 +135,12 @@ class StoredModel(FrozenModel):
         return bool(self._long_fields())
 
     def _long_fields(self) -> set[str]:
-        return {name for name, value in self if name not in self.VOLATILE
-                and isinstance(value, list) and len(value) > _LONG
-                and all(type(item) is type(value[0]) for item in value)
-                and isinstance(value[0], FrozenModel)}  # evalsnap's own, dumped alike alone
+        return {name for name, value in self if name not in self.VOLATILE and (
+            isinstance(value, Rows) and len(value) > _LONG  # rows of one model: alike
+            and issubclass(value.model, FrozenModel)
+            or isinstance(value, list) and len(value) > _LONG
+            and all(type(item) is type(value[0]) for item in value)
+            and isinstance(value[0], FrozenModel))}  # evalsnap's own, dumped alike alone
 
     def iter_bytes(self) -> Iterator[bytes]:
         """The bytes of :meth:`to_bytes`, a part at a time (a long list's items one by one:

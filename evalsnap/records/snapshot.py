@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar, Literal, Self
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
+from evalsnap.jsonsafe import STRICT_DECODER, needs_whole_check
 from evalsnap.records._base import FrozenModel, StoredModel
 from evalsnap.records.record import InferenceKey
+from evalsnap.rows import RowList, Rows
 
 
 class EvaluatorIdentity(FrozenModel):
@@ -72,8 +76,10 @@ class Snapshot(StoredModel):
     app_name: str
     """Agent package name."""
     adk_version: str
-    cases: list[FrozenCase]
-    """Frozen cases, in eval set order."""
+    cases: RowList[FrozenCase]
+    """Frozen cases, in eval set order: a snapshot read from the store holds them as
+    :class:`~evalsnap.rows.Rows` (each case's JSON, past a few MB in a temporary file; a
+    case is parsed when it is read), not as 30,000 parsed references."""
     rules: list[MetricRule]
     """Resolved scoring rules, in config order."""
     packs: list[str] = []
@@ -82,8 +88,98 @@ class Snapshot(StoredModel):
     created_at: str = ""
     """UTC ISO timestamp: VOLATILE, never stored."""
 
+    @classmethod
+    def from_bytes(cls, data: bytes, *, where: str = "") -> Self:
+        """Parses stored bytes as :meth:`StoredModel.from_bytes` does, the cases one at a
+        time into :class:`~evalsnap.rows.Rows` (each checked as it comes), never all of them
+        as parsed JSON at once. Anything this reading does not take (a problem in the bytes,
+        a lone surrogate escape) is read the one strict way, which says what is wrong."""
+        try:
+            text = data.decode("utf-8")
+            if not needs_whole_check(text):
+                return cls.from_data(_parse_cases_lazily(text), where=where)
+        except (ValueError, IndexError, RecursionError, ValidationError):
+            pass  # read again the strict way: its error names the problem
+        return super().from_bytes(data, where=where)
+
+    def by_key(self) -> Mapping[tuple[str, int], FrozenCase]:
+        """The cases by (eval id, repetition), each parsed when it is looked up."""
+        return _CasesByKey(self.cases)
+
     def rule(self, metric_name: str) -> MetricRule:
         for rule in self.rules:
             if rule.metric_name == metric_name:
                 return rule
         raise KeyError(metric_name)
+
+
+class _CasesByKey(Mapping[tuple[str, int], FrozenCase]):
+    def __init__(self, cases: list[FrozenCase] | Rows[FrozenCase]) -> None:
+        self._cases = cases
+        self._index = {(c.eval_id, c.repetition): i for i, c in enumerate(cases)}
+
+    def __getitem__(self, key: tuple[str, int]) -> FrozenCase:
+        return self._cases[self._index[key]]
+
+    def __iter__(self) -> Iterator[tuple[str, int]]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+#: Cases validated, then added to the rows, at a time.
+_BATCH = 256
+
+
+def _parse_cases_lazily(text: str) -> dict[str, Any]:
+    """A snapshot's top-level JSON object with its ``cases`` as :class:`Rows` of checked
+    :class:`FrozenCase`; ``ValueError``/``IndexError`` for anything that is not plain JSON of
+    that shape (the caller then reads it the strict way)."""
+    def space(i: int) -> int:
+        return _SPACE.match(text, i).end()  # type: ignore[union-attr]  # always matches
+
+    head: dict[str, Any] = {}
+    i = space(0)
+    if text[i] != "{":
+        raise ValueError("not an object")
+    i = space(i + 1)
+    while text[i] != "}":
+        if text[i] != '"':
+            raise ValueError("a key is not a string")
+        key, i = STRICT_DECODER.raw_decode(text, i)
+        i = space(i)
+        if text[i] != ":":
+            raise ValueError("no colon")
+        i = space(i + 1)
+        if key == "cases" and text[i] == "[":
+            head[key], i = _cases(text, space(i + 1), space)
+        else:
+            head[key], i = STRICT_DECODER.raw_decode(text, i)
+        i = space(i)
+        if text[i] == ",":
+            i = space(i + 1)
+        elif text[i] != "}":
+            raise ValueError("no comma")
+    if space(i + 1) != len(text):
+        raise ValueError("more after the object")
+    return head
+
+
+def _cases(text: str, i: int, space: Any) -> tuple[Rows[FrozenCase], int]:
+    rows = Rows(FrozenCase)
+    batch: list[FrozenCase] = []
+    while text[i] != "]":
+        value, i = STRICT_DECODER.raw_decode(text, i)
+        batch.append(FrozenCase.model_validate(value))
+        if len(batch) >= _BATCH:
+            rows.extend(batch)
+            batch.clear()
+        i = space(i)
+        if text[i] == ",":
+            i = space(i + 1)
+        elif text[i] != "]":
+            raise ValueError("no comma")
+    rows.extend(batch)
+    return rows, i + 1

@@ -9,6 +9,7 @@ from the eval set files, which may have changed or gone since.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from evalsnap.errors import EvalsnapError
@@ -28,8 +29,8 @@ class _Side:
         self.store, self.oid, self.record = store, oid, record
         snapshot: Snapshot | None = (repo.get_snapshot(store, record.snapshot_oid)
                                      if record.snapshot_oid else None)
-        self.cases: dict[tuple[str, int], FrozenCase] = (
-            {(c.eval_id, c.repetition): c for c in snapshot.cases} if snapshot else {})
+        self.cases: Mapping[tuple[str, int], FrozenCase] = (
+            snapshot.by_key() if snapshot else {})
         self.rules: dict[str, MetricRule] = (
             {r.metric_name: r for r in snapshot.rules} if snapshot else {})
         self.refs: dict[Key, UnitRef] = {

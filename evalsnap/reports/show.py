@@ -72,7 +72,7 @@ def full_record(store: Any, record_oid: str, record: EvaluationRecord, *,
     elsewhere (a copy of each as dicts, for every unit of the run)."""
     repo.locate_units(store, record)
     snapshot = repo.get_snapshot(store, record.snapshot_oid) if record.snapshot_oid else None
-    frozen = {(c.eval_id, c.repetition): c for c in snapshot.cases} if snapshot else {}
+    frozen = snapshot.by_key() if snapshot else {}
     cases: list[dict[str, Any]] = []
     units: dict[str, ScoreUnit | UnitVerdict] = {}
     refs_of: dict[tuple[str, int], list[Any]] = {}  # one pass over the units, not one per case
