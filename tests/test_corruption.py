@@ -250,7 +250,7 @@ def test_long_records_are_written_as_the_same_bytes_an_item_at_a_time(base: dict
     s = Store(str(base["store"]))
     record = repo.get(s, EvaluationRecord, base["targets"]["record"])
     snapshot = repo.get_snapshot(s, record.snapshot_oid)
-    many = record.model_copy(update={"units": record.units * 10})  # beyond the item-wise limit
+    many = record.model_copy(update={"units": list(record.units) * 10})  # beyond the item-wise limit
     cases = snapshot.model_copy(update={"cases": list(snapshot.cases) * 10})
     rows = snapshot.model_copy(update={"cases": Rows(FrozenCase, list(snapshot.cases) * 10)})
     for model in (record, snapshot, many, cases, rows):
@@ -259,6 +259,8 @@ def test_long_records_are_written_as_the_same_bytes_an_item_at_a_time(base: dict
         assert model.to_bytes() == whole, f"expected the same bytes for {model.KIND}"
     assert len(many.units) > _base._LONG and len(cases.cases) > _base._LONG
     assert rows.to_bytes() == cases.to_bytes()
+    assert isinstance(record.units, Rows) and isinstance(record.inference, Rows)  # read lazily
+    assert EvaluationRecord.from_bytes(many.to_bytes()) == many
     again = Snapshot.from_bytes(cases.to_bytes())
     assert isinstance(again.cases, Rows) and again == cases  # read a case at a time
     assert again.to_bytes() == cases.to_bytes() and b"".join(again.iter_bytes()) == cases.to_bytes()

@@ -26,7 +26,7 @@ from evalsnap.records import (
     repo,
 )
 from evalsnap.records.record import Baseline, Coverage, ModelPrice, TokenCounts
-from evalsnap.rows import RowList
+from evalsnap.rows import RowList, Rows
 from storage import Store
 
 if TYPE_CHECKING:
@@ -250,7 +250,9 @@ def publish(req: PublishRequest, ctx: RunContext, *,
     # One pass over the units (each read from its row as it comes: the scoring tasks keep
     # them as JSON, not as 210,000 models at 30,000 cases): the record's references, and
     # what the summary and the commit need of them
-    unit_refs = []
+    unit_refs = Rows(UnitRef)  # the record's, as rows (a batch of models at a time)
+    batch: list[UnitRef] = []
+    repetitions = False
     cases = (_Cases(parent_snapshot), _Cases(snapshot))
     have: set[tuple[str, int, str]] = set()
     n_units = n_fresh = judge_calls = reused_samples = judge_unreported = 0
@@ -266,7 +268,7 @@ def publish(req: PublishRequest, ctx: RunContext, *,
         n_units += 1
         reused = o.run_id != req.run_id
         origin_oid, origin = published_origin(o) if reused else (None, None)
-        unit_refs.append(UnitRef(
+        batch.append(UnitRef(
             eval_id=o.eval_id, repetition=o.repetition, metric_name=o.metric_name,
             unit_oid=o.unit_oid, unit_fingerprint=o.unit_fingerprint,
             case_fingerprint=o.case_fingerprint, rule_fingerprint=o.rule_fingerprint,
@@ -274,6 +276,10 @@ def publish(req: PublishRequest, ctx: RunContext, *,
             reused_from_record=origin_oid if origin else None,
             why=("reused" if origin else RECOVERED) if reused
             else explain_change(o, snapshot, parent_units, parent_snapshot, cases=cases)))
+        if len(batch) >= 256:
+            unit_refs.extend(batch)
+            batch.clear()
+        repetitions = repetitions or o.repetition > 0
         have.add((o.eval_id, o.repetition, o.metric_name))
         all_passed = all_passed and o.status in ("PASSED", "INFORMATIONAL")
         all_complete = all_complete and o.complete
@@ -288,6 +294,8 @@ def publish(req: PublishRequest, ctx: RunContext, *,
             indexed_packs.update(dict.fromkeys(o.packs))
         if not o.packs:
             loose_units[o.unit_oid] = None
+    unit_refs.extend(batch)
+    del batch
     inf_refs, agent_unreported = [], 0
     for i in req.inference:
         ref, unreported = inference_ref(store, i, req.run_id)
@@ -312,11 +320,12 @@ def publish(req: PublishRequest, ctx: RunContext, *,
     record = EvaluationRecord(
         run_id=req.run_id, kind=req.kind, eval_set_id=snapshot.eval_set_id,  # type: ignore[arg-type]
         app_name=snapshot.app_name, snapshot_oid=req.snapshot_oid, parent_record=parent_oid,
-        source=req.source, reuse=req.reuse, force=req.force, inference=inf_refs, units=unit_refs,
+        source=req.source, reuse=req.reuse, force=req.force,
+        inference=Rows(InferenceRef, inf_refs), units=unit_refs,  # type: ignore[arg-type]
         skipped_cases=req.skipped_cases or [], uninferred_cases=req.uninferred_cases or [],
         summary=summary, created_at=now_iso(), coverage=req.coverage, baseline=req.baseline,
         packs=packs, fail_on=req.fail_on)
-    if complete and any(u.repetition for u in unit_refs):
+    if complete and repetitions:
         record = _gated(store, record)
     if history_writer is not None:
         try:

@@ -9,14 +9,15 @@ nesting too deep to parse, a number too long, bigger than the reader allows) is 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterator
 from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, model_validator
 
-from evalsnap.errors import CorruptRecordError, UnsupportedSchemaVersion
-from evalsnap.jsonsafe import strict_json
+from evalsnap.errors import CorruptRecordError, EvalsnapError, UnsupportedSchemaVersion
+from evalsnap.jsonsafe import STRICT_DECODER, needs_whole_check, strict_json
 from evalsnap.rows import Rows
 
 __all__ = ["CaseRepetition", "CorruptRecordError", "FrozenModel", "StoredModel", "first_problem",
@@ -111,6 +112,10 @@ class StoredModel(FrozenModel):
 
     KIND: ClassVar[str] = "object"
     SCHEMA_VERSION: ClassVar[int] = 1
+    ROWS: ClassVar[dict[str, type[FrozenModel]]] = {}
+    """Long list fields read back as :class:`~evalsnap.rows.Rows` of these models (each item
+    parsed and checked as the bytes are read, then kept as its JSON), never as the parsed
+    JSON of every item at once: a snapshot's cases."""
     VOLATILE: ClassVar[frozenset[str]] = frozenset()
     """Fields that say when or by which run an object was made, not what it is: left out of
     the stored bytes (they read back as their defaults), so the same work gives the same
@@ -165,7 +170,16 @@ class StoredModel(FrozenModel):
     @classmethod
     def from_bytes(cls, data: bytes, *, where: str = "") -> Self:
         """Parses stored bytes; a newer schema raises ``UnsupportedSchemaVersion``, anything
-        else that is wrong with them ``CorruptRecordError``."""
+        else that is wrong with them ``CorruptRecordError``. The :attr:`ROWS` fields are read
+        an item at a time; whatever that reading does not take (a problem in the bytes, a
+        lone surrogate escape) is read the one strict way, which says what is wrong."""
+        if cls.ROWS:
+            try:
+                text = data.decode("utf-8")
+                if not needs_whole_check(text):
+                    return cls.from_data(_with_rows(text, cls.ROWS), where=where)
+            except (ValueError, IndexError, RecursionError, ValidationError, EvalsnapError):
+                pass  # read again the strict way: its error names the problem
         return cls.from_data(parse_stored(data, what=f"{cls.KIND} {where}".strip()),
                              where=where)
 
@@ -190,3 +204,62 @@ def first_problem(exc: ValidationError) -> str:
     first = exc.errors()[0]
     where = ".".join(str(part) for part in first.get("loc", ())) or "the top level"
     return f"{first.get('msg')} at {where if len(where) <= 120 else where[:117] + '...'}"
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+#: Items validated, then added to the rows, at a time.
+_BATCH = 256
+
+
+def _with_rows(text: str, rows: dict[str, type[FrozenModel]]) -> dict[str, Any]:
+    """A stored object's top-level JSON object, each of its ``rows`` fields (a list) as
+    :class:`Rows` of that model, an item parsed, checked and let go at a time;
+    ``ValueError``/``IndexError``/``ValidationError`` for anything that is not plain JSON of
+    that shape (the caller then reads it the strict way)."""
+    def space(i: int) -> int:
+        return _SPACE.match(text, i).end()  # type: ignore[union-attr]  # always matches
+
+    head: dict[str, Any] = {}
+    i = space(0)
+    if text[i] != "{":
+        raise ValueError("not an object")
+    i = space(i + 1)
+    while text[i] != "}":
+        if text[i] != '"':
+            raise ValueError("a key is not a string")
+        key, i = STRICT_DECODER.raw_decode(text, i)
+        i = space(i)
+        if text[i] != ":":
+            raise ValueError("no colon")
+        i = space(i + 1)
+        model = rows.get(key)
+        if model is not None and text[i] == "[":
+            head[key], i = _rows(text, space(i + 1), space, model)
+        else:
+            head[key], i = STRICT_DECODER.raw_decode(text, i)
+        i = space(i)
+        if text[i] == ",":
+            i = space(i + 1)
+        elif text[i] != "}":
+            raise ValueError("no comma")
+    if space(i + 1) != len(text):
+        raise ValueError("more after the object")
+    return head
+
+
+def _rows(text: str, i: int, space: Any, model: type[FrozenModel]) -> tuple[Rows[Any], int]:
+    rows: Rows[Any] = Rows(model)
+    batch: list[FrozenModel] = []
+    while text[i] != "]":
+        value, i = STRICT_DECODER.raw_decode(text, i)
+        batch.append(model.model_validate(value))
+        if len(batch) >= _BATCH:
+            rows.extend(batch)
+            batch.clear()
+        i = space(i)
+        if text[i] == ",":
+            i = space(i + 1)
+        elif text[i] != "]":
+            raise ValueError("no comma")
+    rows.extend(batch)
+    return rows, i + 1

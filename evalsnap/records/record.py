@@ -9,6 +9,7 @@ from pydantic import Field
 
 from evalsnap.exitcodes import FailOn
 from evalsnap.records._base import CaseRepetition, FrozenModel, Shared, StoredModel
+from evalsnap.rows import RowList
 
 
 class UnitKey(CaseRepetition):
@@ -182,6 +183,7 @@ class EvaluationRecord(StoredModel):
 
     KIND: ClassVar[str] = "record"
     SCHEMA_VERSION: ClassVar[int] = 1
+    ROWS: ClassVar[dict[str, type[FrozenModel]]] = {"inference": InferenceRef, "units": UnitRef}
 
     run_id: str
     kind: Literal["run", "rescore", "import"] = "run"
@@ -195,8 +197,11 @@ class EvaluationRecord(StoredModel):
     """For a rescore: the run or snapshot whose inference was used."""
     reuse: bool = False
     force: bool = False
-    inference: list[InferenceRef] = Field(default_factory=list)
-    units: list[UnitRef] = Field(default_factory=list)
+    inference: RowList[InferenceRef] = Field(default_factory=list)
+    """One entry per case × repetition. A record publish made or read from the store holds
+    these and its units as :class:`~evalsnap.rows.Rows` (each entry's JSON, past a few MB in
+    a temporary file, parsed when read)."""
+    units: RowList[UnitRef] = Field(default_factory=list)
     skipped_cases: list[str] = Field(default_factory=list)
     """Rescore: inference whose eval_id the new eval set no longer has."""
     uninferred_cases: list[str] = Field(default_factory=list)

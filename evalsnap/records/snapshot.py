@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar, Literal, Self
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from evalsnap.jsonsafe import STRICT_DECODER, needs_whole_check
 from evalsnap.records._base import FrozenModel, StoredModel
 from evalsnap.records.record import InferenceKey
 from evalsnap.rows import RowList, Rows
@@ -68,6 +66,7 @@ class Snapshot(StoredModel):
 
     KIND: ClassVar[str] = "snapshot"
     VOLATILE: ClassVar[frozenset[str]] = frozenset({"created_at"})
+    ROWS: ClassVar[dict[str, type[FrozenModel]]] = {"cases": FrozenCase}
     SCHEMA_VERSION: ClassVar[int] = 1
 
     eval_set_id: str
@@ -87,20 +86,6 @@ class Snapshot(StoredModel):
     so that a scoring process reads a few packs, not a record per case."""
     created_at: str = ""
     """UTC ISO timestamp: VOLATILE, never stored."""
-
-    @classmethod
-    def from_bytes(cls, data: bytes, *, where: str = "") -> Self:
-        """Parses stored bytes as :meth:`StoredModel.from_bytes` does, the cases one at a
-        time into :class:`~evalsnap.rows.Rows` (each checked as it comes), never all of them
-        as parsed JSON at once. Anything this reading does not take (a problem in the bytes,
-        a lone surrogate escape) is read the one strict way, which says what is wrong."""
-        try:
-            text = data.decode("utf-8")
-            if not needs_whole_check(text):
-                return cls.from_data(_parse_cases_lazily(text), where=where)
-        except (ValueError, IndexError, RecursionError, ValidationError):
-            pass  # read again the strict way: its error names the problem
-        return super().from_bytes(data, where=where)
 
     def by_key(self) -> Mapping[tuple[str, int], FrozenCase]:
         """The cases by (eval id, repetition), each parsed when it is looked up."""
@@ -126,60 +111,3 @@ class _CasesByKey(Mapping[tuple[str, int], FrozenCase]):
 
     def __len__(self) -> int:
         return len(self._index)
-
-
-_SPACE = re.compile(r"[ \t\n\r]*")
-#: Cases validated, then added to the rows, at a time.
-_BATCH = 256
-
-
-def _parse_cases_lazily(text: str) -> dict[str, Any]:
-    """A snapshot's top-level JSON object with its ``cases`` as :class:`Rows` of checked
-    :class:`FrozenCase`; ``ValueError``/``IndexError`` for anything that is not plain JSON of
-    that shape (the caller then reads it the strict way)."""
-    def space(i: int) -> int:
-        return _SPACE.match(text, i).end()  # type: ignore[union-attr]  # always matches
-
-    head: dict[str, Any] = {}
-    i = space(0)
-    if text[i] != "{":
-        raise ValueError("not an object")
-    i = space(i + 1)
-    while text[i] != "}":
-        if text[i] != '"':
-            raise ValueError("a key is not a string")
-        key, i = STRICT_DECODER.raw_decode(text, i)
-        i = space(i)
-        if text[i] != ":":
-            raise ValueError("no colon")
-        i = space(i + 1)
-        if key == "cases" and text[i] == "[":
-            head[key], i = _cases(text, space(i + 1), space)
-        else:
-            head[key], i = STRICT_DECODER.raw_decode(text, i)
-        i = space(i)
-        if text[i] == ",":
-            i = space(i + 1)
-        elif text[i] != "}":
-            raise ValueError("no comma")
-    if space(i + 1) != len(text):
-        raise ValueError("more after the object")
-    return head
-
-
-def _cases(text: str, i: int, space: Any) -> tuple[Rows[FrozenCase], int]:
-    rows = Rows(FrozenCase)
-    batch: list[FrozenCase] = []
-    while text[i] != "]":
-        value, i = STRICT_DECODER.raw_decode(text, i)
-        batch.append(FrozenCase.model_validate(value))
-        if len(batch) >= _BATCH:
-            rows.extend(batch)
-            batch.clear()
-        i = space(i)
-        if text[i] == ",":
-            i = space(i + 1)
-        elif text[i] != "]":
-            raise ValueError("no comma")
-    rows.extend(batch)
-    return rows, i + 1
