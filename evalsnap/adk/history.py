@@ -77,14 +77,11 @@ def iter_eval_case_results(store: Any, record: EvaluationRecord) -> Iterator[Eva
     """ADK's per-case results of a record, one case at a time."""
     snapshot = repo.get_snapshot(store, record.snapshot_oid) if record.snapshot_oid else None
     frozen = snapshot.by_key() if snapshot else {}
-    units_of: dict[str, list[UnitRef]] = {}
-    for u in record.units:
-        if u.repetition == 0:
-            units_of.setdefault(u.eval_id, []).append(u)
+    units_of = record.units_by_case()  # each case's units read when it is written
     for inf in record.inference:
         if inf.repetition != 0:
             continue
-        units = units_of.get(inf.eval_id, [])
+        units = units_of.get((inf.eval_id, 0), [])
         inference = repo.get_inference(store, inf.inference_oid)
         fc = frozen.get((inf.eval_id, 0))
         reference = EvalCase.model_validate(fc.reference) if fc else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Mapping, Sequence
 from typing import ClassVar, Literal
 
 from pydantic import Field
@@ -229,6 +230,29 @@ class EvaluationRecord(StoredModel):
     def full(self) -> bool:
         """Whether it covers the whole eval set and config (older records: yes)."""
         return self.coverage is None or self.coverage.full
+
+    def units_by_case(self) -> Mapping[tuple[str, int], list[UnitRef]]:
+        """The units by (eval id, repetition), in the record's order, each case's read from
+        the record's rows when it is looked up: what a page or a summary groups by case
+        without holding 70,000 parsed references (the index holds row numbers)."""
+        return _UnitsByCase(self.units)
+
+
+class _UnitsByCase(Mapping[tuple[str, int], list[UnitRef]]):
+    def __init__(self, units: Sequence[UnitRef]) -> None:
+        self._units = units
+        self._index: dict[tuple[str, int], list[int]] = {}
+        for i, ref in enumerate(units):
+            self._index.setdefault((ref.eval_id, ref.repetition), []).append(i)
+
+    def __getitem__(self, key: tuple[str, int]) -> list[UnitRef]:
+        return [self._units[i] for i in self._index[key]]
+
+    def __iter__(self) -> Iterator[tuple[str, int]]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
 
 
 class ManifestEntry(FrozenModel):

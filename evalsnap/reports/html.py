@@ -444,9 +444,7 @@ def _every_case(store: Any, record: EvaluationRecord, detailed: set[tuple[str, i
     record's order) and the others' scores, made as :func:`~.show.full_record` makes them."""
     from evalsnap.reports.show import _page_case
 
-    refs_of: dict[tuple[str, int], list[Any]] = {}
-    for ref in record.units:
-        refs_of.setdefault((ref.eval_id, ref.repetition), []).append(ref)
+    refs_of = record.units_by_case()  # each case's units read when its row is made
     for inf in record.inference:
         key = (inf.eval_id, inf.repetition)
         yield next(resolved) if key in detailed else _page_case(store, inf, refs_of.get(key, ()), {})

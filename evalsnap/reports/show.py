@@ -75,9 +75,7 @@ def full_record(store: Any, record_oid: str, record: EvaluationRecord, *,
     frozen = snapshot.by_key() if snapshot else {}
     cases: list[dict[str, Any]] = []
     units: dict[str, ScoreUnit | UnitVerdict] = {}
-    refs_of: dict[tuple[str, int], list[Any]] = {}  # one pass over the units, not one per case
-    for ref in record.units:
-        refs_of.setdefault((ref.eval_id, ref.repetition), []).append(ref)
+    refs_of = record.units_by_case()  # one pass over the units, not one per case
     for inf in record.inference:
         key = (inf.eval_id, inf.repetition)
         if detailed is not None and key not in detailed:

@@ -53,11 +53,9 @@ def summary(store: Any, record_oid: str, record: EvaluationRecord,
             "inference": inf.status, "inference_reused": inf.reused,
             "efficiency": dict(inf.efficiency), "tokens": inf.tokens,
             "tokens_by_model": dict(inf.tokens_by_model)}
-    refs: dict[tuple[str, int], list[UnitRef]] = {}
-    for ref in record.units:
-        key = (ref.eval_id, ref.repetition)
-        cases.setdefault(key, {"eval_id": ref.eval_id, "repetition": ref.repetition})
-        refs.setdefault(key, []).append(ref)
+    refs = record.units_by_case()  # each case's units read as its row is made
+    for key in refs:
+        cases.setdefault(key, {"eval_id": key[0], "repetition": key[1]})
     # each case's row made and kept as its JSON before the next is made (Rows): a summary
     # of 10,000 cases never holds its rows as models
     rows = Rows(CaseResult, (CaseResult(**case, metrics={
