@@ -8,6 +8,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 from pydantic import Field, WithJsonSchema
 
+from evalsnap import startup
 from evalsnap.pipeline import context, hints, runners, stability
 from evalsnap.pipeline.outcomes import InferenceOutcome, UnitOutcome
 from evalsnap.pipeline.plan import Plan, plan_runs
@@ -154,10 +155,13 @@ def _evaluate(plan: Plan, run: RunOptions, runner: str) -> RecordResult:
         hints.prime(plan.context.store, plan.eval_set.eval_set_id)  # once (maybe prepared)
     with scoring_pool(plan, run, runner) as pool:
         outcomes = run_inference(plan.inference_batches(run), progress)
+        startup.give_back_freed()  # the inference batches
         snapshot_oid = freeze_task(as_data(plan.freeze_request(outcomes)))
         if plan.until_stable is None:  # the snapshot has them: scoring and publish read it
             plan.release_cases()
+        startup.give_back_freed()  # the eval set and freeze's parse of it
         units = run_scoring(plan.score_requests(run, snapshot_oid), progress, pool)
+        startup.give_back_freed()  # the scoring tasks' chunks
         if plan.until_stable is not None:
             outcomes, units, snapshot_oid = _until_stable(plan, run, progress, pool, outcomes,
                                                           units, snapshot_oid)

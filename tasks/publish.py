@@ -8,6 +8,7 @@ import logging
 
 from prefect import task
 
+from evalsnap import startup
 from evalsnap.pipeline import context
 from evalsnap.pipeline.publish import PublishRequest, publish_request
 from evalsnap.reports.artifacts import publish_artifacts
@@ -32,6 +33,7 @@ def publish_task(request: PublishRequest) -> RecordResult:
     # this task has no retries to need it again).
     request.units.clear()
     request.inference.clear()
+    startup.give_back_freed()  # what publish let go before its views
     store = ctx.store
     # Presentation after the commit: a signal waits only for the commit, and a page that
     # could not be written is written again by `evalsnap report RECORD` at any time.

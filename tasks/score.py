@@ -10,6 +10,7 @@ from typing import Any
 
 from prefect import task
 
+from evalsnap import startup
 from evalsnap.pipeline import context, reuse
 from evalsnap.pipeline.outcomes import UnitOutcome
 from evalsnap.pipeline.plan import Plan
@@ -26,7 +27,10 @@ def score_task(request: ScoreRequest) -> Rows[UnitOutcome]:
     ``tasks.inference``): the event loop lives inside the task. Its units' outcomes are
     :class:`~evalsnap.rows.Rows` (their JSON, past a few MB in a temporary file): a run of
     30,000 cases held 210,000 of them as dicts and again as models until publish."""
-    return score_metric(request, context.of(request.store_url))
+    try:
+        return score_metric(request, context.of(request.store_url))
+    finally:
+        startup.give_back_freed()  # its chunks (a scoring process scores several metrics)
 
 
 def run_scoring(requests: list[ScoreRequest], progress: Any = None,
