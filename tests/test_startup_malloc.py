@@ -61,3 +61,41 @@ def test_a_value_the_user_set_is_kept():
     found = _probe(MALLOC_ARENA_MAX="4", MALLOC_MMAP_THRESHOLD_=str(64 << 20))
     assert found["child"] == ["4", str(64 << 20)], found
     assert found["mapped"] == 0, found  # under a 64 MiB threshold the block is the heap's
+
+
+TRIM_PROBE = r"""
+import ctypes, json
+from evalsnap import startup
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+startup.fewer_malloc_arenas()
+# 200 MiB of blocks under the mmap threshold (from the heap), each touched; the last one
+# kept, so the heap cannot shrink from its top: what was freed is in its middle
+blocks = [libc.malloc(64 << 10) for _ in range(3200)]
+for b in blocks:
+    ctypes.memset(b, 1, 64 << 10)
+for b in blocks[:-1]:
+    libc.free(b)
+freed = rss()
+startup.give_back_freed()
+print(json.dumps({"freed": freed, "given_back": rss()}))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's malloc")
+def test_memory_freed_in_the_middle_of_the_heap_is_given_back():
+    """Issue 31 (memory): between a run's phases ``give_back_freed`` returns what a phase
+    freed to the system (glibc keeps free pages in the middle of its heap otherwise, and the
+    next phase's peak counted them)."""
+    out = subprocess.run([sys.executable, "-c", TRIM_PROBE], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found["freed"] - found["given_back"] > 150 << 20, found
