@@ -13,15 +13,16 @@ import array
 import json
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Annotated, Any, Generic, TypeVar, overload
 
 from pydantic import BaseModel, GetCoreSchemaHandler, SerializerFunctionWrapHandler
 from pydantic_core import core_schema
 
-__all__ = ["ROWS_IN_MEMORY", "RowList", "Rows"]
+__all__ = ["ROWS_IN_MEMORY", "RowGroups", "RowList", "Rows"]
 
 M = TypeVar("M", bound=BaseModel)
+K = TypeVar("K", bound=Hashable)
 
 #: Bytes of rows' JSON a :class:`Rows` keeps in memory; past this they are in an unnamed
 #: temporary file (deleted with it), read back a row at a time.
@@ -193,3 +194,29 @@ def _rows_data(value: Any, handler: SerializerFunctionWrapHandler) -> Any:
 
 RowList = Annotated[list[M], _RowsOrList()]
 """A list of ``M`` or :class:`Rows` of ``M`` (a field of a model)."""
+
+
+class RowGroups(Mapping[K, list[M]]):
+    """Rows (or a list) grouped by ``key``, in their order, as row numbers: each group is
+    read from the rows when it is looked up, so grouping 70,000 rows never holds them all
+    parsed (only :meth:`__init__`'s one pass reads every row)."""
+
+    def __init__(self, rows: Sequence[M], key: Callable[[M], K]) -> None:
+        self._rows = rows
+        self._index: dict[K, list[int]] = {}
+        for i, row in enumerate(rows):
+            self._index.setdefault(key(row), []).append(i)
+
+    def __getitem__(self, key: K) -> list[M]:
+        return [self._rows[i] for i in self._index[key]]
+
+    def first(self, key: K) -> M | None:
+        """The first row of ``key``'s group, or None."""
+        found = self._index.get(key)
+        return None if found is None else self._rows[found[0]]
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)

@@ -42,6 +42,7 @@ from evalsnap.records import (
     repo,
 )
 from evalsnap.records._base import first_problem, parse_stored
+from evalsnap.records.snapshot import cases_by_key
 
 HISTORY_SUFFIX = ".evalset_result.json"
 
@@ -76,14 +77,14 @@ def eval_set_result_parts(store: Any, record: EvaluationRecord) -> tuple[str, It
 def iter_eval_case_results(store: Any, record: EvaluationRecord) -> Iterator[EvalCaseResult]:
     """ADK's per-case results of a record, one case at a time."""
     snapshot = repo.get_snapshot(store, record.snapshot_oid) if record.snapshot_oid else None
-    frozen = snapshot.by_key() if snapshot else {}
+    frozen = cases_by_key(snapshot)
     units_of = record.units_by_case()  # each case's units read when it is written
     for inf in record.inference:
         if inf.repetition != 0:
             continue
         units = units_of.get((inf.eval_id, 0), [])
         inference = repo.get_inference(store, inf.inference_oid)
-        fc = frozen.get((inf.eval_id, 0))
+        fc = frozen.first((inf.eval_id, 0))
         reference = EvalCase.model_validate(fc.reference) if fc else None
         expected = reference.conversation if reference else None
         per_inv = [EvalMetricResultPerInvocation(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -26,7 +26,8 @@ from evalsnap.records import (
     repo,
 )
 from evalsnap.records.record import Baseline, Coverage, ModelPrice, TokenCounts
-from evalsnap.rows import RowList, Rows
+from evalsnap.records.snapshot import FrozenCase, cases_by_key
+from evalsnap.rows import RowGroups, RowList, Rows
 from storage import Store
 
 if TYPE_CHECKING:
@@ -66,8 +67,8 @@ class _Cases:
         self.snapshot = snapshot
 
     @functools.cached_property
-    def by_key(self) -> Mapping[tuple[str, int], Any]:
-        return self.snapshot.by_key() if self.snapshot is not None else {}
+    def by_key(self) -> RowGroups[tuple[str, int], FrozenCase]:
+        return cases_by_key(self.snapshot)
 
 
 def explain_change(outcome: UnitOutcome, snapshot: Snapshot, parent_units: dict[tuple, UnitRef],
@@ -89,8 +90,8 @@ def explain_change(outcome: UnitOutcome, snapshot: Snapshot, parent_units: dict[
         return "rule changed"
     if before.case_fingerprint != outcome.case_fingerprint:
         then, now = cases or (_Cases(parent_snapshot), _Cases(snapshot))
-        old = then.by_key.get((outcome.eval_id, outcome.repetition))
-        new = now.by_key.get((outcome.eval_id, outcome.repetition))
+        old = then.by_key.first((outcome.eval_id, outcome.repetition))
+        new = now.by_key.first((outcome.eval_id, outcome.repetition))
         if old is not None and new is not None and old.reference != new.reference:
             return "reference changed"
         return "inference changed"

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
 from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from evalsnap.exitcodes import FailOn
 from evalsnap.records._base import CaseRepetition, FrozenModel, Shared, StoredModel
-from evalsnap.rows import RowList
+from evalsnap.rows import RowGroups, RowList
 
 
 class UnitKey(CaseRepetition):
@@ -231,28 +230,11 @@ class EvaluationRecord(StoredModel):
         """Whether it covers the whole eval set and config (older records: yes)."""
         return self.coverage is None or self.coverage.full
 
-    def units_by_case(self) -> Mapping[tuple[str, int], list[UnitRef]]:
+    def units_by_case(self) -> RowGroups[tuple[str, int], UnitRef]:
         """The units by (eval id, repetition), in the record's order, each case's read from
         the record's rows when it is looked up: what a page or a summary groups by case
         without holding 70,000 parsed references (the index holds row numbers)."""
-        return _UnitsByCase(self.units)
-
-
-class _UnitsByCase(Mapping[tuple[str, int], list[UnitRef]]):
-    def __init__(self, units: Sequence[UnitRef]) -> None:
-        self._units = units
-        self._index: dict[tuple[str, int], list[int]] = {}
-        for i, ref in enumerate(units):
-            self._index.setdefault((ref.eval_id, ref.repetition), []).append(i)
-
-    def __getitem__(self, key: tuple[str, int]) -> list[UnitRef]:
-        return [self._units[i] for i in self._index[key]]
-
-    def __iter__(self) -> Iterator[tuple[str, int]]:
-        return iter(self._index)
-
-    def __len__(self) -> int:
-        return len(self._index)
+        return RowGroups(self.units, lambda u: (u.eval_id, u.repetition))
 
 
 class ManifestEntry(FrozenModel):

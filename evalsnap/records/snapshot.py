@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
 from evalsnap.records._base import FrozenModel, StoredModel
 from evalsnap.records.record import InferenceKey
-from evalsnap.rows import RowList, Rows
+from evalsnap.rows import RowGroups, RowList
 
 
 class EvaluatorIdentity(FrozenModel):
@@ -87,9 +86,9 @@ class Snapshot(StoredModel):
     created_at: str = ""
     """UTC ISO timestamp: VOLATILE, never stored."""
 
-    def by_key(self) -> Mapping[tuple[str, int], FrozenCase]:
-        """The cases by (eval id, repetition), each parsed when it is looked up."""
-        return _CasesByKey(self.cases)
+    def by_key(self) -> RowGroups[tuple[str, int], FrozenCase]:
+        """The cases by (eval id, repetition) (``first``), each parsed when it is looked up."""
+        return cases_by_key(self)
 
     def rule(self, metric_name: str) -> MetricRule:
         for rule in self.rules:
@@ -98,16 +97,8 @@ class Snapshot(StoredModel):
         raise KeyError(metric_name)
 
 
-class _CasesByKey(Mapping[tuple[str, int], FrozenCase]):
-    def __init__(self, cases: list[FrozenCase] | Rows[FrozenCase]) -> None:
-        self._cases = cases
-        self._index = {(c.eval_id, c.repetition): i for i, c in enumerate(cases)}
-
-    def __getitem__(self, key: tuple[str, int]) -> FrozenCase:
-        return self._cases[self._index[key]]
-
-    def __iter__(self) -> Iterator[tuple[str, int]]:
-        return iter(self._index)
-
-    def __len__(self) -> int:
-        return len(self._index)
+def cases_by_key(snapshot: Snapshot | None) -> RowGroups[tuple[str, int], FrozenCase]:
+    """A snapshot's cases by (eval id, repetition), each read when looked up (``first``);
+    none without a snapshot."""
+    return RowGroups(snapshot.cases if snapshot is not None else [],
+                     lambda c: (c.eval_id, c.repetition))

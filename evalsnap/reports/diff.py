@@ -9,12 +9,12 @@ from the eval set files, which may have changed or gone since.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from evalsnap.errors import EvalsnapError
 from evalsnap.fingerprint import short
 from evalsnap.records import EvaluationRecord, FrozenCase, MetricRule, ScoreUnit, Snapshot, UnitRef, repo
+from evalsnap.records.snapshot import cases_by_key
 from evalsnap.reports._agent_changes import AgentChanges
 
 __all__ = ["diff", "diff_table", "moved", "nothing_moved"]
@@ -29,8 +29,7 @@ class _Side:
         self.store, self.oid, self.record = store, oid, record
         snapshot: Snapshot | None = (repo.get_snapshot(store, record.snapshot_oid)
                                      if record.snapshot_oid else None)
-        self.cases: Mapping[tuple[str, int], FrozenCase] = (
-            snapshot.by_key() if snapshot else {})
+        self.cases = cases_by_key(snapshot)
         self.rules: dict[str, MetricRule] = (
             {r.metric_name: r for r in snapshot.rules} if snapshot else {})
         self.refs: dict[Key, UnitRef] = {
@@ -54,7 +53,7 @@ class _Side:
 
 def _moved(a: _Side, b: _Side, key: Key, ra: UnitRef, rb: UnitRef) -> list[str]:
     moved = []
-    ca, cb = a.cases.get(key[:2]), b.cases.get(key[:2])
+    ca, cb = a.cases.first(key[:2]), b.cases.first(key[:2])
     if ca is not None and cb is not None:
         if ca.inference_oid != cb.inference_oid and (
                 ca.inference_fingerprint != cb.inference_fingerprint

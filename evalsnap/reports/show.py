@@ -7,6 +7,7 @@ from typing import Any
 
 from evalsnap.errors import EvalsnapError
 from evalsnap.records import EvaluationRecord, LedgerEntry, ScoreUnit, UnitVerdict, repo
+from evalsnap.records.snapshot import cases_by_key
 from evalsnap.reports.summary import baseline_comparison, case_efficiency, gated, run_tokens
 
 _VERDICT_FIELDS = ("threshold", "score", "metric_status", "gate_score", "status", "complete",
@@ -72,7 +73,7 @@ def full_record(store: Any, record_oid: str, record: EvaluationRecord, *,
     elsewhere (a copy of each as dicts, for every unit of the run)."""
     repo.locate_units(store, record)
     snapshot = repo.get_snapshot(store, record.snapshot_oid) if record.snapshot_oid else None
-    frozen = snapshot.by_key() if snapshot else {}
+    frozen = cases_by_key(snapshot)
     cases: list[dict[str, Any]] = []
     units: dict[str, ScoreUnit | UnitVerdict] = {}
     refs_of = record.units_by_case()  # one pass over the units, not one per case
@@ -83,7 +84,7 @@ def full_record(store: Any, record_oid: str, record: EvaluationRecord, *,
                 store, inf, refs_of.get(key, ()), units))
             continue
         inference = repo.get_inference(store, inf.inference_oid)
-        fc = frozen.get(key)
+        fc = frozen.first(key)
         metrics = {}
         for ref in refs_of.get(key, ()):
             unit = units[ref.unit_oid] = repo.get(store, ScoreUnit, ref.unit_oid)
