@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from evalsnap.adk.config import load_config, resolve_config
-from evalsnap.adk.evalset import parse_eval_set
+from evalsnap.adk.evalset import load_eval_cases, load_eval_set, parse_eval_set
 from evalsnap.errors import EvalsnapError
 from evalsnap.fingerprint import canonical_bytes, fingerprint
 from evalsnap.records import (
@@ -266,6 +267,36 @@ def _typed_error_or_fingerprinted(value: Any) -> None:
 @given(value=json_values | evalset_like)
 def test_any_json_as_an_eval_set_raises_only_typed_errors(value: Any) -> None:
     _typed_error_or_fingerprinted(value)
+
+
+def _loaded(load: Any, path: Path) -> Any:
+    try:
+        return load(path)
+    except EvalsnapError as exc:
+        return type(exc), str(exc)
+
+
+@FUZZ
+@given(value=evalset_like | st.fixed_dictionaries(
+    {"eval_set_id": st.sampled_from(["s", 7])},
+    optional={"eval_cases": st.lists(evalset_like | st.fixed_dictionaries(
+        {"eval_id": st.sampled_from(["a", "b", "caf\u00e9", "cafe\u0301"]),
+         "conversation": st.just([{"user_content": {"parts": [{"text": "hi"}]}}]) | evalset_like}),
+        max_size=4), "creation_timestamp": st.sampled_from([0.0, "x"])}))
+def test_the_eval_set_as_rows_refuses_what_the_eval_set_refuses(value: Any) -> None:
+    """A run reads its eval set a case at a time (``load_eval_cases``): whatever the file,
+    the same error as the whole-file parse (``load_eval_set``), or the same cases."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "fuzz.evalset.json"
+        path.write_text(json.dumps(value), encoding="utf-8")
+        whole, rows = _loaded(load_eval_set, path), _loaded(load_eval_cases, path)
+    if isinstance(whole, tuple):
+        assert rows == whole
+    else:
+        assert not isinstance(rows, tuple), rows
+        assert rows.header == whole.model_copy(update={"eval_cases": []})
+        assert list(rows.cases) == whole.eval_cases
+        assert rows.ids == [c.eval_id for c in whole.eval_cases]
 
 
 @FUZZ

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import unicodedata
 from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from google.adk.evaluation.agent_evaluator import ALLOWED_CRITERIA, AgentEvaluator
+from google.adk.evaluation.eval_case import EvalCase
 from google.adk.evaluation.eval_config import EvalConfig
 from google.adk.evaluation.eval_set import EvalSet
 from google.adk.evaluation.local_eval_sets_manager import convert_eval_set_to_pydantic_schema
@@ -16,6 +19,7 @@ from pydantic import ValidationError
 
 from evalsnap.errors import ConfigError, EvalSetError, InputFileError
 from evalsnap.jsonsafe import strict_json  # re-exported: evalsnap.adk.evalset.strict_json
+from evalsnap.rows import Rows
 
 
 def _first_error(exc: ValidationError) -> str:
@@ -97,36 +101,116 @@ def parse_eval_set(text: str, *, where: str) -> EvalSet:
 
 
 def _check_cases(eval_set: EvalSet, where: str) -> None:
-    dupes = [k for k, n in Counter(c.eval_id for c in eval_set.eval_cases).items() if n > 1]
-    if dupes:
-        raise EvalSetError(
-            f"{where} has duplicate eval_id(s) {', '.join(sorted(dupes))}; "
-            "every case needs a unique eval_id (cases are matched by it)."
-        )
-    # the same characters, composed differently (NFC "café" and NFD "cafe\u0301"), look
-    # alike in every report: refused as duplicates, never silently normalized
-    by_form = Counter(unicodedata.normalize("NFC", c.eval_id) for c in eval_set.eval_cases)
-    alike = sorted(repr(c.eval_id) for c in eval_set.eval_cases
-                   if by_form[unicodedata.normalize("NFC", c.eval_id)] > 1)
-    if alike:
-        raise EvalSetError(
-            f"{where} has eval_ids that differ only in their Unicode normalization "
-            f"({', '.join(alike)}): they look identical in reports; write them the same way "
-            "(NFC) or rename one."
-        )
+    checks = _CaseChecks(where)
     for case in eval_set.eval_cases:
-        if case.conversation is None and case.conversation_scenario is None:
+        checks.add(case)
+    checks.done()
+
+
+@dataclass
+class _CaseChecks:
+    """The checks of an eval set's cases, taken one case at a time (:meth:`add`), raised in
+    one order whatever the cases' (:meth:`done`): duplicate eval_ids, eval_ids that differ
+    only in their Unicode form, then the first case without a conversation or user content."""
+
+    where: str
+    ids: list[str] = field(default_factory=list)
+    problem: str | None = None
+
+    def add(self, case: EvalCase) -> None:
+        self.ids.append(case.eval_id)
+        if self.problem is None:
+            self.problem = _case_problem(case, self.where)
+
+    def done(self) -> None:
+        where = self.where
+        dupes = [k for k, n in Counter(self.ids).items() if n > 1]
+        if dupes:
             raise EvalSetError(
-                f"{where}: case {case.eval_id!r} has neither `conversation` nor "
-                "`conversation_scenario`; add the expected turns."
+                f"{where} has duplicate eval_id(s) {', '.join(sorted(dupes))}; "
+                "every case needs a unique eval_id (cases are matched by it)."
             )
-        for index, invocation in enumerate(case.conversation or []):
-            parts = invocation.user_content.parts or []
-            if not any((p.text or "").strip() or p.inline_data or p.file_data for p in parts):
-                raise EvalSetError(
-                    f"{where}: case {case.eval_id!r} turn {index} has no user content; "
-                    "give every invocation a `user_content` with text."
-                )
+        # the same characters, composed differently (NFC "café" and NFD "cafe\u0301"), look
+        # alike in every report: refused as duplicates, never silently normalized
+        by_form = Counter(unicodedata.normalize("NFC", i) for i in self.ids)
+        alike = sorted(repr(i) for i in self.ids if by_form[unicodedata.normalize("NFC", i)] > 1)
+        if alike:
+            raise EvalSetError(
+                f"{where} has eval_ids that differ only in their Unicode normalization "
+                f"({', '.join(alike)}): they look identical in reports; write them the same way "
+                "(NFC) or rename one."
+            )
+        if self.problem is not None:
+            raise EvalSetError(self.problem)
+
+
+def _case_problem(case: EvalCase, where: str) -> str | None:
+    if case.conversation is None and case.conversation_scenario is None:
+        return (f"{where}: case {case.eval_id!r} has neither `conversation` nor "
+                "`conversation_scenario`; add the expected turns.")
+    for index, invocation in enumerate(case.conversation or []):
+        parts = invocation.user_content.parts or []
+        if not any((p.text or "").strip() or p.inline_data or p.file_data for p in parts):
+            return (f"{where}: case {case.eval_id!r} turn {index} has no user content; "
+                    "give every invocation a `user_content` with text.")
+    return None
+
+
+@dataclass
+class EvalCases:
+    """An eval set as a run holds it: its header (an ``EvalSet`` without cases), its cases as
+    rows (each case's JSON, past a few MB in a temporary file: 30,000 cases as ADK models
+    were ~200 MB held from planning to freeze), and their eval_ids in order."""
+
+    header: EvalSet
+    cases: Rows[EvalCase]
+    ids: list[str]
+
+    @classmethod
+    def of(cls, eval_set: EvalSet) -> EvalCases:
+        """An ``EvalSet`` as rows (a migrated old format, a rescore's frozen references)."""
+        return cls(eval_set.model_copy(update={"eval_cases": []}),
+                   Rows(EvalCase, eval_set.eval_cases), [c.eval_id for c in eval_set.eval_cases])
+
+    @property
+    def eval_set_id(self) -> str:
+        return self.header.eval_set_id
+
+    def selected(self, wanted: Iterable[str]) -> Rows[EvalCase]:
+        """The cases of ``wanted`` eval_ids, in the eval set's order (their JSON as it is)."""
+        keep = set(wanted)
+        return Rows.of_json(EvalCase, (data for i, data in zip(self.ids, self.cases.json_items(),
+                                                               strict=True) if i in keep))
+
+    def release(self) -> None:
+        """Lets the cases go (their ids stay)."""
+        self.cases.clear()
+
+
+def _cases_from_object(raw: Any, where: str, text: str) -> EvalCases:
+    """:func:`_eval_set_from_object`, a case at a time: each raw case is let go once it is a
+    row. Anything it refuses is refused by the one strict parse of ``text``, so that the
+    error is the same as ever."""
+    items = raw.get("eval_cases") if isinstance(raw, dict) else None
+    if not isinstance(items, list):
+        return EvalCases.of(_eval_set_from_object(raw, where))
+    _check_spellings(raw, where)
+    checks, rows, batch = _CaseChecks(where), Rows(EvalCase), []
+    try:
+        header = EvalSet.model_validate({**raw, "eval_cases": []})
+        for i, item in enumerate(items):
+            items[i] = None
+            case = EvalCase.model_validate(item)
+            checks.add(case)
+            batch.append(case)
+            if len(batch) >= 256:
+                rows.extend(batch)
+                batch.clear()
+        rows.extend(batch)
+    except ValidationError:  # the one strict parse of the text: the same error as ever
+        return EvalCases.of(_eval_set_from_object(_parse_json(text, where), where))
+    checks.done()
+    return EvalCases(header, rows, checks.ids)
 
 
 def load_eval_set(path: str | Path, *, initial_session: dict[str, Any] | None = None
@@ -144,13 +228,7 @@ def load_eval_set(path: str | Path, *, initial_session: dict[str, Any] | None = 
 
     Either way the cases pass the same checks (unique eval_ids, user content in every turn).
     """
-    p = Path(path)
-    if not p.is_file():
-        raise InputFileError(f"eval set {p} does not exist; pass the path of an .evalset.json file.")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputFileError(f"cannot read eval set {p}: {exc}") from exc
+    p, text = _read(path)
     raw = _parse_json(text, str(p))
     if not isinstance(raw, list):
         _refuse_initial_session(initial_session, f"{p} is an ADK EvalSet file")
@@ -158,6 +236,30 @@ def load_eval_set(path: str | Path, *, initial_session: dict[str, Any] | None = 
     eval_set = migrate_old_format(p, raw, initial_session)
     _check_cases(eval_set, str(p))
     return eval_set
+
+
+def load_eval_cases(path: str | Path, *, initial_session: dict[str, Any] | None = None
+                    ) -> EvalCases:
+    """:func:`load_eval_set`, as a run holds it (:class:`EvalCases`): the same checks, the
+    same errors, the cases as rows."""
+    p, text = _read(path)
+    raw = _parse_json(text, str(p))
+    if not isinstance(raw, list):
+        _refuse_initial_session(initial_session, f"{p} is an ADK EvalSet file")
+        return _cases_from_object(raw, str(p), text)
+    eval_set = migrate_old_format(p, raw, initial_session)
+    _check_cases(eval_set, str(p))
+    return EvalCases.of(eval_set)
+
+
+def _read(path: str | Path) -> tuple[Path, str]:
+    p = Path(path)
+    if not p.is_file():
+        raise InputFileError(f"eval set {p} does not exist; pass the path of an .evalset.json file.")
+    try:
+        return p, p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputFileError(f"cannot read eval set {p}: {exc}") from exc
 
 
 def load_initial_session(path: str | Path | None) -> dict[str, Any] | None:

@@ -3,9 +3,8 @@ once as a content-addressed snapshot. From then on scoring reads only the snapsh
 
 from __future__ import annotations
 
-import json
+import itertools
 from collections.abc import Iterable
-from typing import Any
 
 from google.adk.evaluation.eval_case import EvalCase
 from google.adk.evaluation.eval_set import EvalSet
@@ -16,7 +15,7 @@ from evalsnap.agents.base import now_iso
 from evalsnap.fingerprint import case_fingerprint
 from evalsnap.pipeline.outcomes import InferenceOutcome
 from evalsnap.records import FrozenCase, MetricRule, Snapshot, pack, repo
-from evalsnap.rows import Rows
+from evalsnap.rows import RowList, Rows
 from storage import Store
 
 
@@ -27,7 +26,10 @@ class FreezeRequest(BaseModel):
 
     store_url: str
     eval_set_json: str
-    """The selected eval set (the *current* references) as JSON text."""
+    """The eval set as JSON text: its id and name, and the cases that come before ``cases``
+    (a plan gives none here: every selected case is in ``cases``)."""
+    cases: RowList[EvalCase] = []
+    """The selected cases (the *current* references), as rows."""
     rules: list[MetricRule]
     outcomes: list[InferenceOutcome]
     app_name: str
@@ -44,19 +46,14 @@ def _inference_packs(store: Store, cases: Iterable[FrozenCase]) -> list[str]:
 def freeze(req: FreezeRequest, store: Store) -> str:
     """Writes the snapshot (write-once, content-addressed) to the run's ``store`` and
     returns its id."""
-    # The eval set's cases parsed one at a time, each let go once its reference is made: as
-    # one EvalSet they were a second copy of the plan's (~12 KB a case, freeze's peak at
-    # 6,000 cases, memray); the JSON is the plan's own dump, a valid EvalSet.
-    raw = json.loads(req.eval_set_json)
-    raw_cases: list[Any] = raw.pop("eval_cases")
-    eval_set = EvalSet.model_validate({**raw, "eval_cases": []})
+    # The cases are read one at a time from their rows, each let go once its reference is
+    # made: as one EvalSet they were a second copy of the plan's (~12 KB a case, memray)
+    eval_set = EvalSet.model_validate_json(req.eval_set_json)
     by_case: dict[str, list[InferenceOutcome]] = {}
     for outcome in sorted(req.outcomes, key=lambda o: o.repetition):
         by_case.setdefault(outcome.eval_id, []).append(outcome)
     cases = Rows(FrozenCase)  # each case's JSON, past a few MB in a temporary file
-    for i, data in enumerate(raw_cases):
-        raw_cases[i] = None
-        case = EvalCase.model_validate(data)
+    for case in itertools.chain(eval_set.eval_cases, req.cases):
         reference = case.model_dump(mode="json", by_alias=False)
         for outcome in by_case.get(case.eval_id, []):
             record = repo.get_inference(store, outcome.oid)

@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from google.adk.evaluation.eval_case import EvalCase
 from google.adk.evaluation.eval_set import EvalSet
 
 from evalsnap.adk.config import LoadedConfig, load_config, resolve_config
-from evalsnap.adk.evalset import load_eval_set, load_initial_session
+from evalsnap.adk.evalset import EvalCases, load_eval_cases, load_initial_session
 from evalsnap.adk.targets import EvalTarget, default_config_path, resolve_targets
 from evalsnap.agents.base import LoadedAgent, ensure_importable
 from evalsnap.agents.lanes import load_agent
@@ -43,7 +44,8 @@ class Plan:
     context: RunContext = field(repr=False, compare=False)
     """The run's collaborators: its store, settings and progress sink."""
     store_url: str
-    eval_set: EvalSet
+    eval_set: EvalCases
+    """The eval set: its header, its cases as rows (let go once frozen), their ids."""
     config: LoadedConfig
     agent: LoadedAgent | None = None
     """The agent an evaluate run infers with (None for a rescore)."""
@@ -73,15 +75,11 @@ class Plan:
     """The record this run is compared with (``--baseline``)."""
     fail_on: FailOn | None = None
     """The run's gate (``--fail-on``), recorded with it (what makes a run *good*)."""
-    all_case_ids: list[str] | None = None
-    """Once the cases are released (:meth:`release_cases`): the eval set's case ids."""
 
     def coverage(self) -> Coverage:
         """What of the eval set and config this run covers: a subset is never ``latest``."""
         cases = set(self.case_ids)
-        every = (self.all_case_ids if self.all_case_ids is not None
-                 else [c.eval_id for c in self.eval_set.eval_cases])
-        missing_cases = [c for c in every if c not in cases]
+        missing_cases = [c for c in self.eval_set.ids if c not in cases]
         missing_metrics = [r.metric_name for r in self.config.rules
                            if r.metric_name not in set(self.metric_names)]
         repetitions = (max((o.repetition for o in self.source_outcomes), default=0) + 1
@@ -94,20 +92,12 @@ class Plan:
 
     def release_cases(self) -> None:
         """Lets go of the eval set's cases once they are frozen: from then on the run reads
-        them from its snapshot (10,000 cases are ~100,000 ADK values, 100+ MB, that would
-        otherwise stay for scoring and publish). Their ids stay for :meth:`coverage`."""
-        if self.all_case_ids is None:
-            self.all_case_ids = [c.eval_id for c in self.eval_set.eval_cases]
-        self.eval_set = self.eval_set.model_copy(update={"eval_cases": []})
+        them from its snapshot. Their ids stay for :meth:`coverage`."""
+        self.eval_set.release()
 
     @property
     def config_json(self) -> str:
         return json.dumps(self.config.raw, sort_keys=True)
-
-    def selected_eval_set(self) -> EvalSet:
-        wanted = set(self.case_ids)
-        cases = [c for c in self.eval_set.eval_cases if c.eval_id in wanted]
-        return self.eval_set.model_copy(update={"eval_cases": cases})
 
     def selected_rules(self) -> list[Any]:
         return [r for r in self.config.rules if r.metric_name in set(self.metric_names)]
@@ -124,11 +114,16 @@ class Plan:
         """The run's inference, as batches of consecutive cases × repetitions (``more``:
         only these repetitions of these cases, a round of ``--until-stable``)."""
         assert self.agent is not None, "only an evaluate plan runs inference"
-        cases = {c.eval_id: c for c in self.eval_set.eval_cases}
+        identity = self.agent.identity
         wanted = more if more is not None else {c: range(self.repetitions) for c in self.case_ids}
-        items = [InferItem(eval_id=case_id, repetition=rep, case_json=cases[case_id].model_dump_json(),
-                           fingerprint=inference_fingerprint(self.agent.identity, cases[case_id], rep))
-                 for case_id in self.case_ids for rep in wanted.get(case_id, ())]
+        items = []
+        for case_id, data in zip(self.eval_set.ids, self.eval_set.cases.json_items(), strict=True):
+            reps = wanted.get(case_id, ())
+            if reps:  # the selected cases, in the eval set's order (the order of case_ids)
+                case, text = EvalCase.model_validate_json(data), data.decode()
+                items += [InferItem(eval_id=case_id, repetition=rep, case_json=text,
+                                    fingerprint=inference_fingerprint(identity, case, rep))
+                          for rep in reps]
         s = self.context.settings
         self.context.progress.expect("inference", len(items))
         return [InferBatch(store_url=self.store_url, agent_dir=str(self.agent.path),
@@ -146,7 +141,8 @@ class Plan:
         else:
             app_name = self.eval_set.eval_set_id
         return FreezeRequest(store_url=self.store_url,
-                             eval_set_json=self.selected_eval_set().model_dump_json(),
+                             eval_set_json=self.eval_set.header.model_dump_json(),
+                             cases=self.eval_set.selected(self.case_ids),  # type: ignore[arg-type]  # RowList
                              rules=self.selected_rules(), outcomes=outcomes, app_name=app_name)
 
     def score_requests(self, run: RunOptions, snapshot_oid: str) -> list[ScoreRequest]:
@@ -183,7 +179,7 @@ def _select(plan: Plan, metrics: list[str] | None, cases: list[str] | None) -> N
     if unknown:
         raise UsageError(f"metrics {unknown} are not in the config; choose from {known_metrics}.")
     plan.metric_names = [m for m in known_metrics if not metrics or m in metrics]
-    known_cases = [c.eval_id for c in plan.eval_set.eval_cases]
+    known_cases = plan.eval_set.ids
     missing = sorted(set(cases or []) - set(known_cases))
     if missing:
         raise UsageError(f"cases {missing} are not in eval set {plan.eval_set.eval_set_id}.")
@@ -214,7 +210,7 @@ def _select_in_several(plans: list[Plan], targets: list[EvalTarget], metrics: li
     An eval set left with no case or no metric is not run."""
     for name, wanted, have in (
             ("metrics", metrics, {r.metric_name for p in plans for r in p.config.rules}),
-            ("cases", cases, {c.eval_id for p in plans for c in p.eval_set.eval_cases})):
+            ("cases", cases, {c for p in plans for c in p.eval_set.ids})):
         unknown = sorted(set(wanted or []) - have)
         if unknown:
             raise UsageError(f"{name} {unknown} are in none of the eval sets or configs of "
@@ -222,7 +218,7 @@ def _select_in_several(plans: list[Plan], targets: list[EvalTarget], metrics: li
     kept = []
     for plan, target in zip(plans, targets, strict=True):
         known_metrics = {r.metric_name for r in plan.config.rules}
-        known_cases = {c.eval_id for c in plan.eval_set.eval_cases}
+        known_cases = set(plan.eval_set.ids)
         _select(plan, [m for m in metrics if m in known_metrics] if metrics else None,
                 _union(target.case_ids, [c for c in cases or [] if c in known_cases]))
         if (metrics and not set(metrics) & known_metrics) or \
@@ -254,7 +250,7 @@ def plan_runs(spec: RunSpec, ctx: RunContext, *, good: marks.GoodFn | None = Non
     agent_path = ensure_importable(agent_dir)
     targets = resolve_targets(agent_path, spec.evalsets, spec.config)
     initial_session = load_initial_session(spec.initial_session_file)
-    eval_sets = [load_eval_set(t.path, initial_session=initial_session) for t in targets]
+    eval_sets = [load_eval_cases(t.path, initial_session=initial_session) for t in targets]
     # The agent package is trusted live code, as in ADK: imported before the config is
     # resolved, so that models and evaluators it registers are there for the config.
     agent = load_agent(agent_dir, agent_name=agent_name, framework=framework)
@@ -394,16 +390,15 @@ def plan_rescore(spec: RunSpec, ctx: RunContext, *, good: marks.GoodFn | None = 
     for p in sys_paths:
         ensure_importable(Path(p) / "_")
     if evalset is not None:
-        eval_set = load_eval_set(evalset)
+        eval_set = load_eval_cases(evalset)
     else:
-        from google.adk.evaluation.eval_case import EvalCase
-
         refs = {c.eval_id: c.reference for c in snapshot.cases}
-        eval_set = EvalSet(eval_set_id=snapshot.eval_set_id, name=snapshot.eval_set_name,
-                           eval_cases=[EvalCase.model_validate(r) for r in refs.values()])
+        eval_set = EvalCases.of(EvalSet(
+            eval_set_id=snapshot.eval_set_id, name=snapshot.eval_set_name,
+            eval_cases=[EvalCase.model_validate(r) for r in refs.values()]))
     config_path = config or (default_config_path(evalset) if evalset else None)
     loaded = load_config(config_path) if config_path else _config_from_snapshot(snapshot)
-    new_ids = {c.eval_id for c in eval_set.eval_cases}
+    new_ids = set(eval_set.ids)
     frozen_ids = {c.eval_id for c in snapshot.cases}
     plan = Plan(context=ctx, store_url=store.url, eval_set=eval_set, config=loaded, source=run_or_snapshot,
                 agent_dir=agent_dir, agent_name=agent_name,
