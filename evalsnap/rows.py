@@ -19,7 +19,7 @@ from typing import Annotated, Any, Generic, TypeVar, overload
 from pydantic import BaseModel, GetCoreSchemaHandler, SerializerFunctionWrapHandler
 from pydantic_core import core_schema
 
-__all__ = ["ROWS_IN_MEMORY", "RowGroups", "RowList", "Rows"]
+__all__ = ["ROWS_IN_MEMORY", "RowGroups", "RowList", "Rows", "Spool"]
 
 M = TypeVar("M", bound=BaseModel)
 K = TypeVar("K", bound=Hashable)
@@ -32,7 +32,7 @@ ROWS_IN_MEMORY = 4 << 20
 _BLOCK = 512
 
 
-class _Spool(Sequence[bytes]):
+class Spool(Sequence[bytes]):
     """Byte strings appended and read back by index: in memory up to
     :data:`ROWS_IN_MEMORY`, then in an unnamed temporary file, each string's end offset in an
     array (8 bytes a row)."""
@@ -99,7 +99,7 @@ class Rows(Sequence[M], Generic[M]):
 
     def __init__(self, model: type[M], rows: Iterable[M] = ()) -> None:
         self._model = model
-        self._items = _Spool(row.model_dump_json().encode() for row in rows)
+        self._items = Spool(row.model_dump_json().encode() for row in rows)
 
     @classmethod
     def of_json(cls, model: type[M], items: Iterable[bytes]) -> Rows[M]:
@@ -126,7 +126,7 @@ class Rows(Sequence[M], Generic[M]):
 
     def clear(self) -> None:
         """Lets every row go (the temporary file with them)."""
-        self._items = _Spool()
+        self._items = Spool()
 
     def __add__(self, other: Iterable[M]) -> Rows[M]:
         both = Rows.of_json(self._model, self._items)

@@ -174,8 +174,8 @@ def _evaluate(plan: Plan, run: RunOptions, runner: str) -> RecordResult:
 
 
 def _until_stable(plan: Plan, run: RunOptions, progress: RunProgress, pool: Any,
-                  outcomes: list[InferenceOutcome], units: Rows[UnitOutcome],
-                  snapshot_oid: str) -> tuple[list[InferenceOutcome], Rows[UnitOutcome], str]:
+                  outcomes: Rows[InferenceOutcome], units: Rows[UnitOutcome],
+                  snapshot_oid: str) -> tuple[Rows[InferenceOutcome], Rows[UnitOutcome], str]:
     """``--until-stable``: rounds of more repetitions for the cases in doubt (each round
     infers, freezes and scores only its own repetitions), then one snapshot of them all for
     the record (:mod:`evalsnap.pipeline.stability`)."""

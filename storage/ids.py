@@ -19,6 +19,7 @@ __all__ = [
     "OID_PATTERN",
     "PACKED_KINDS",
     "oid_of",
+    "short_key",
     "validate_id",
     "validate_kind",
     "validate_oid",
@@ -73,3 +74,10 @@ def validate_oid(oid: object) -> str:
 def oid_of(data: bytes) -> str:
     """The content address of ``data``: ``sha256:<hex>``."""
     return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def short_key(text: str) -> bytes:
+    """A 16-byte key for a path or an id in what a process remembers of many objects (a
+    run's 70,000 units at 10,000 cases): a third of the memory of the text; collisions
+    2⁻¹²⁸."""
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()

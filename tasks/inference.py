@@ -18,6 +18,7 @@ from prefect.runtime import task_run
 from evalsnap.pipeline import context, infer, leftovers, reuse
 from evalsnap.pipeline.infer import InferBatch
 from evalsnap.pipeline.outcomes import InferenceOutcome
+from evalsnap.rows import Rows
 from tasks.support import cached, retry_options, wait_tracked
 
 
@@ -53,25 +54,26 @@ def infer_task(request: InferBatch) -> list[dict[str, Any]]:
     return [o.model_dump(mode="json") for o in outcomes]
 
 
-def run_inference(batches: list[InferBatch], progress: Any = None) -> list[InferenceOutcome]:
-    """Submits every batch, waits, and returns one outcome per case × repetition: a batch
-    whose task failed as a whole becomes failed inferences of its cases."""
+def run_inference(batches: list[InferBatch], progress: Any = None) -> Rows[InferenceOutcome]:
+    """Submits every batch, waits, and returns one outcome per case × repetition (as rows):
+    a batch whose task failed as a whole becomes failed inferences of its cases."""
+    outcomes = Rows(InferenceOutcome)
     if not batches:
-        return []
+        return outcomes
     run = cached(infer_task, batches[0])
     with leftovers.reaped_after():  # processes the tools started end with the inference
         futures: list[PrefectFuture[Any]] = [run.submit(b) for b in batches]
         wait_tracked(futures, progress, weights=[len(b.items) for b in batches])
-    outcomes: list[InferenceOutcome] = []
     for batch, future in zip(batches, futures, strict=True):
         if future.state.is_completed():
-            outcomes += infer.with_identity(batch.items, future.result())
+            outcomes.extend(infer.with_identity(batch.items, future.result()))
             continue
         try:
             future.result(raise_on_failure=True)
             message = str(future.state.message)
         except Exception as exc:  # noqa: BLE001 - the task's own error text is the reason
             message = str(exc)
-        outcomes += infer.record_failures(batch, message, attempts=(infer_task.retries or 0) + 1,
-                                          store=context.of(batch.store_url).store)
+        outcomes.extend(infer.record_failures(
+            batch, message, attempts=(infer_task.retries or 0) + 1,
+            store=context.of(batch.store_url).store))
     return outcomes

@@ -110,3 +110,29 @@ def test_per_key_refs_of_an_earlier_store_are_still_read(tmp_path: Path) -> None
     assert [e["unit_oid"] for e in segments.unit_entries(reader, KEY)] == [_oid(1), _oid(3)]
     assert segments.judge_entry(reader, OTHER) == _oid(2)
     assert segments.unit_entries(reader, OTHER) == []  # the bad entry: absent
+
+
+def test_entries_given_one_at_a_time_become_segments_a_few_at_a_time_all_found(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A publish of 210,000 units gives its index entries as they come (a generator) and
+    holds a few segments at a time; what the writer keeps for itself is bounded, and what
+    it let go it reads back from the store."""
+    monkeypatch.setattr(segments, "SEGMENT_ENTRIES", 3)
+    monkeypatch.setattr(segments, "_WRITE_BATCH", 2)
+    monkeypatch.setattr(segments, "_PENDING_BYTES", 1000)  # about two of these segments
+    writer = _store(tmp_path)
+    given: list[int] = []
+
+    def entries():  # type: ignore[no-untyped-def]
+        for n in range(10):
+            given.append(n)
+            yield f"{n:064x}", _oid(n), True, "r1"
+
+    names = segments.write_segment(writer, run_id="r1", record_oid=_oid(99), units=entries())
+    assert len(names) == 4 == len(set(names))  # 3 + 3 + 3 + 1 entries
+    assert given == list(range(10))
+    kept = segments._catalog(writer).pending
+    assert 0 < len(kept) < 4 and sum(map(len, kept.values())) <= 1000
+    for store in (writer, _store(tmp_path)):  # the writer reads back what it let go
+        for n in range(10):
+            assert [e["unit_oid"] for e in segments.unit_entries(store, f"{n:064x}")] == [_oid(n)]

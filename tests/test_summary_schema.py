@@ -255,3 +255,31 @@ def test_values_given_the_same_fields_share_one_fields_set_and_copies_stay_apart
     assert TokenCounts(total_tokens=3).model_fields_set == {"total_tokens"}
     with pytest.raises(ValueError):
         one.why = "changed"  # frozen: nothing adds to the shared set by assignment
+
+
+def test_a_runs_unit_verdicts_are_kept_as_rows_and_read_back_whole(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a publish keeps of each unit (its verdict, for the summary, the aggregates and
+    the page) is a packed row under a short key, past a few MB in a temporary file: read
+    back, it is the verdict it was, whatever its values."""
+    from evalsnap import rows
+    from evalsnap.records import repo
+    from evalsnap.records.unit import UnitVerdict, VerdictRow
+
+    monkeypatch.setattr(rows, "ROWS_IN_MEMORY", 2000)  # spilled after ~15 verdicts
+    memo = repo._Verdicts(60)
+
+    def verdict(n: int) -> UnitVerdict:
+        return UnitVerdict(score=None if n % 3 else n / 7, status="PASSED" if n % 2 else "FAILED",
+                           metric_status="FAILED", gate_score=n / 3, threshold=0.5,
+                           complete=bool(n % 5), reason=None if n % 4 else f"réponse «{n}» \"ok\"",
+                           judge_calls=n, trace="trace ✓",
+                           rows=tuple(VerdictRow(i / 2 if i else None, "PASSED") for i in range(n % 3)))
+
+    for n in range(60):
+        memo.put(f"sha256:{n:064x}", verdict(n))
+    memo.put(f"sha256:{0:064x}", verdict(1))  # a unit's verdict is kept once: the first stays
+    assert [memo.get(f"sha256:{n:064x}") for n in range(60)] == [verdict(n) for n in range(60)]
+    assert memo.get(f"sha256:{99:064x}") is None and not memo.has(f"sha256:{99:064x}")
+    memo.put(f"sha256:{60:064x}", verdict(60))  # past its size it starts again
+    assert memo.get(f"sha256:{0:064x}") is None and memo.get(f"sha256:{60:064x}") == verdict(60)

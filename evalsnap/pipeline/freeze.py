@@ -15,7 +15,7 @@ from evalsnap.agents.base import now_iso
 from evalsnap.fingerprint import case_fingerprint
 from evalsnap.pipeline.outcomes import InferenceOutcome
 from evalsnap.records import FrozenCase, MetricRule, Snapshot, pack, repo
-from evalsnap.rows import RowList, Rows
+from evalsnap.rows import RowGroups, RowList, Rows
 from storage import Store
 
 
@@ -31,7 +31,7 @@ class FreezeRequest(BaseModel):
     cases: RowList[EvalCase] = []
     """The selected cases (the *current* references), as rows."""
     rules: list[MetricRule]
-    outcomes: list[InferenceOutcome]
+    outcomes: RowList[InferenceOutcome]
     app_name: str
 
 
@@ -49,13 +49,11 @@ def freeze(req: FreezeRequest, store: Store) -> str:
     # The cases are read one at a time from their rows, each let go once its reference is
     # made: as one EvalSet they were a second copy of the plan's (~12 KB a case, memray)
     eval_set = EvalSet.model_validate_json(req.eval_set_json)
-    by_case: dict[str, list[InferenceOutcome]] = {}
-    for outcome in sorted(req.outcomes, key=lambda o: o.repetition):
-        by_case.setdefault(outcome.eval_id, []).append(outcome)
+    by_case = RowGroups(req.outcomes, lambda o: o.eval_id)  # row numbers, not the outcomes
     cases = Rows(FrozenCase)  # each case's JSON, past a few MB in a temporary file
     for case in itertools.chain(eval_set.eval_cases, req.cases):
         reference = case.model_dump(mode="json", by_alias=False)
-        for outcome in by_case.get(case.eval_id, []):
+        for outcome in sorted(by_case.get(case.eval_id, ()), key=lambda o: o.repetition):
             record = repo.get_inference(store, outcome.oid)
             cases.extend((FrozenCase(
                 eval_id=case.eval_id, repetition=outcome.repetition, inference_oid=outcome.oid,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -133,7 +134,7 @@ class Plan:
                            items=[items[i] for i in part])
                 for part in batches(len(items), s.max_workers, s.infer_batch)]
 
-    def freeze_request(self, outcomes: list[InferenceOutcome]) -> FreezeRequest:
+    def freeze_request(self, outcomes: Sequence[InferenceOutcome]) -> FreezeRequest:
         if self.agent is not None:
             app_name = self.agent.name
         elif outcomes:
@@ -142,8 +143,10 @@ class Plan:
             app_name = self.eval_set.eval_set_id
         return FreezeRequest(store_url=self.store_url,
                              eval_set_json=self.eval_set.header.model_dump_json(),
-                             cases=self.eval_set.selected(self.case_ids),  # type: ignore[arg-type]  # RowList
-                             rules=self.selected_rules(), outcomes=outcomes, app_name=app_name)
+                             rules=self.selected_rules(), app_name=app_name,
+                             # RowList fields: rows or a list
+                             cases=self.eval_set.selected(self.case_ids),  # type: ignore[arg-type]
+                             outcomes=outcomes)  # type: ignore[arg-type]
 
     def score_requests(self, run: RunOptions, snapshot_oid: str) -> list[ScoreRequest]:
         """One request per metric of the snapshot."""
@@ -162,7 +165,7 @@ class Plan:
             for rule in snapshot.rules]
 
     def publish_request(self, run: RunOptions, snapshot_oid: str,
-                        outcomes: list[InferenceOutcome],
+                        outcomes: Sequence[InferenceOutcome],
                         units: Rows[UnitOutcome] | list[UnitOutcome]) -> PublishRequest:
         return PublishRequest(
             store_url=self.store_url, run_id=run.run_id, kind=run.kind, snapshot_oid=snapshot_oid,

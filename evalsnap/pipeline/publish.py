@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal
@@ -27,8 +28,9 @@ from evalsnap.records import (
 )
 from evalsnap.records.record import Baseline, Coverage, ModelPrice, TokenCounts
 from evalsnap.records.snapshot import FrozenCase, cases_by_key
-from evalsnap.rows import RowGroups, RowList, Rows
+from evalsnap.rows import RowGroups, RowList, Rows, Spool
 from storage import Store
+from storage.ids import short_key
 
 if TYPE_CHECKING:
     from evalsnap.pipeline.context import RunContext
@@ -121,16 +123,17 @@ def inference_ref(store: Store, outcome: InferenceOutcome, run_id: str) -> tuple
     }), max(0, calls - reported)
 
 
-def token_summary(inf_refs: list[InferenceRef], agent_unreported: int,
+def token_summary(inf_refs: Iterable[InferenceRef], agent_unreported: int,
                   judge_by_model: dict[str, TokenCounts], judge_unreported: int,
                   judge_calls: int, prices: dict[str, ModelPrice] | None) -> dict[str, Any]:
     """The RunSummary fields of tokens and cost: what this run spent, and what the
     inference the record scores cost whoever ran it."""
-    fresh = [r for r in inf_refs if not r.reused]
     agent_by_model: dict[str, TokenCounts] = {}
-    for r in fresh:
-        efficiency.merge_by_model(agent_by_model, r.tokens_by_model)
-    agent_calls = sum(r.model_calls for r in fresh)
+    agent_calls = 0
+    for r in inf_refs:  # one pass (rows: each read as it comes)
+        if not r.reused:
+            efficiency.merge_by_model(agent_by_model, r.tokens_by_model)
+            agent_calls += r.model_calls
     model_tokens = dict(agent_by_model)
     efficiency.merge_by_model(model_tokens, judge_by_model)
     cost, used, note = efficiency.estimate_cost(model_tokens, prices,
@@ -155,7 +158,7 @@ class PublishRequest(BaseModel):
     run_id: str
     kind: Literal["run", "rescore"]
     snapshot_oid: str
-    inference: list[InferenceOutcome]
+    inference: RowList[InferenceOutcome]
     units: RowList[UnitOutcome]
     """Every unit's outcome: :class:`~evalsnap.rows.Rows` from the scoring tasks (their
     JSON, in a temporary file past a few MB), read a unit at a time."""
@@ -176,12 +179,17 @@ class PublishRequest(BaseModel):
     """The run's gate (``--fail-on``), recorded: what makes the run *good* (``last-good``)."""
 
 
-def _unscored(snapshot: Snapshot, inference: list[InferenceOutcome],
-              have: set[tuple[str, int, str]], uninferred: list[str]) -> list[str]:
+def _unit_key(eval_id: str, repetition: int, metric: str) -> bytes:
+    return short_key(json.dumps([eval_id, repetition, metric]))
+
+
+def _unscored(snapshot: Snapshot, inference: Iterable[InferenceOutcome],
+              have: set[bytes], uninferred: list[str]) -> list[str]:
     """What the run selected and has no unit for (a run that scored nothing passes nothing);
-    ``have``: the (eval id, repetition, metric) of every unit the run has."""
+    ``have``: the (eval id, repetition, metric) of every unit the run has (:func:`_unit_key`)."""
     missing = [f"{i.eval_id}#{i.repetition}/{r.metric_name}" for i in inference
-               for r in snapshot.rules if (i.eval_id, i.repetition, r.metric_name) not in have]
+               for r in snapshot.rules
+               if _unit_key(i.eval_id, i.repetition, r.metric_name) not in have]
     if missing:
         logger.warning("%d selected case × metric pairs have no unit (first %s): the run is "
                        "incomplete", len(missing), missing[0])
@@ -255,11 +263,12 @@ def publish(req: PublishRequest, ctx: RunContext, *,
     batch: list[UnitRef] = []
     repetitions = False
     cases = (_Cases(parent_snapshot), _Cases(snapshot))
-    have: set[tuple[str, int, str]] = set()
+    have: set[bytes] = set()  # (eval id, repetition, metric) of each unit, as short keys
     n_units = n_fresh = judge_calls = reused_samples = judge_unreported = 0
     judge_by_model: dict[str, TokenCounts] = {}
     all_passed = all_complete = True
-    indexed: list[tuple[str, bool, str, str]] = []
+    indexed = Spool()  # the units the index points at, as JSON rows: 8 bytes a unit in memory
+    index_batch: list[bytes] = []
     indexed_packs: dict[str, None] = {}
     # the manifest lists a unit only where no pack holds it (a loose unit of an earlier
     # version): a pack the record names is the object of its members, and listing 70,000
@@ -280,8 +289,10 @@ def publish(req: PublishRequest, ctx: RunContext, *,
         if len(batch) >= 256:
             unit_refs.extend(batch)
             batch.clear()
+            indexed.extend(index_batch)
+            index_batch.clear()
         repetitions = repetitions or o.repetition > 0
-        have.add((o.eval_id, o.repetition, o.metric_name))
+        have.add(_unit_key(o.eval_id, o.repetition, o.metric_name))
         all_passed = all_passed and o.status in ("PASSED", "INFORMATIONAL")
         all_complete = all_complete and o.complete
         if not reused:  # this run's work: its spend, and the index points at it
@@ -291,16 +302,18 @@ def publish(req: PublishRequest, ctx: RunContext, *,
             judge_unreported += o.judge_unreported
             efficiency.merge_by_model(judge_by_model, o.judge_tokens)
         if not reused or origin is None:  # a recovered unit is indexed as this run's too
-            indexed.append((o.unit_fingerprint, o.complete, o.unit_oid, o.run_id))
+            index_batch.append(json.dumps(
+                [o.unit_fingerprint, o.complete, o.unit_oid, o.run_id]).encode())
             indexed_packs.update(dict.fromkeys(o.packs))
         if not o.packs:
             loose_units[o.unit_oid] = None
     unit_refs.extend(batch)
-    del batch
-    inf_refs, agent_unreported = [], 0
+    indexed.extend(index_batch)
+    del batch, index_batch
+    inf_refs, agent_unreported = Rows(InferenceRef), 0  # the record's, as rows
     for i in req.inference:
         ref, unreported = inference_ref(store, i, req.run_id)
-        inf_refs.append(ref)
+        inf_refs.extend((ref,))
         agent_unreported += unreported
     unscored = _unscored(snapshot, req.inference, have, req.uninferred_cases or [])
     del have
@@ -322,7 +335,7 @@ def publish(req: PublishRequest, ctx: RunContext, *,
         run_id=req.run_id, kind=req.kind, eval_set_id=snapshot.eval_set_id,  # type: ignore[arg-type]
         app_name=snapshot.app_name, snapshot_oid=req.snapshot_oid, parent_record=parent_oid,
         source=req.source, reuse=req.reuse, force=req.force,
-        inference=Rows(InferenceRef, inf_refs), units=unit_refs,  # type: ignore[arg-type]
+        inference=inf_refs, units=unit_refs,  # type: ignore[arg-type]
         skipped_cases=req.skipped_cases or [], uninferred_cases=req.uninferred_cases or [],
         summary=summary, created_at=now_iso(), coverage=req.coverage, baseline=req.baseline,
         packs=packs, fail_on=req.fail_on)
@@ -335,7 +348,8 @@ def publish(req: PublishRequest, ctx: RunContext, *,
             logger.warning("could not write the ADK history copy: %s", exc)
     with ctx.commits.committing():  # a signal waits for the commit to end (evalsnap.cli.signals)
         record_oid = repo.put(store, record)
-        repo.index_units(store, indexed, record_oid, req.run_id, packs=list(indexed_packs))
+        repo.index_units(store, (tuple(json.loads(row)) for row in indexed), record_oid,
+                         req.run_id, packs=list(indexed_packs))
         repo.set_latest_record(store, snapshot.eval_set_id, record_oid, req.run_id)
         objects = [ManifestEntry(kind="record", oid=record_oid),
                    ManifestEntry(kind="snapshot", oid=req.snapshot_oid)]
@@ -382,7 +396,7 @@ def _own_packs(store: Store, units: Iterable[UnitOutcome], run_id: str) -> list[
     return list(names)
 
 
-def _inference_packs(store: Store, inf_refs: list[InferenceRef]) -> list[str]:
+def _inference_packs(store: Store, inf_refs: Iterable[InferenceRef]) -> list[str]:
     """Packs of the run's inference records (their bytes are in memory: read or written by
     this run), written unless identical ones are there: one at a time, each let go once
     written (a run of 10,000 cases held every pack at once, and a written pack's bytes in

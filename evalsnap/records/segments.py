@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import itertools
 import json
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,37 +139,53 @@ def _encode(run_id: str, record_oid: str | None, created_at: str,
     return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
 
 
+#: Segments written at once (one concurrent batch on a bucket): what is held at a time.
+_WRITE_BATCH = 4
+#: Bytes of the segments an instance wrote that it keeps for a lookup of their kind in the
+#: same run (past this it reads them back, if one comes: after a publish none does).
+_PENDING_BYTES = 8 << 20
+
+
 def write_segment(store: Store, *, run_id: str, record_oid: str | None = None,
-                  units: Sequence[tuple[str, str, bool, str]] = (),
-                  judge: Sequence[tuple[str, str]] = (),
+                  units: Iterable[tuple[str, str, bool, str]] = (),
+                  judge: Iterable[tuple[str, str]] = (),
                   packs: Sequence[str] = ()) -> list[str]:
-    """Writes the entries as segments (one concurrent batch on a bucket; a segment of units
-    and one of judge answers, more only past :data:`SEGMENT_ENTRIES` each), known to this
-    store's later lookups. ``units``: (key hex, unit oid, complete, run id); ``judge``:
-    (sample ref, entry oid); ``packs``: the packs that may hold what they name. Returns the
-    segments' names."""
+    """Writes the entries as segments (concurrent batches on a bucket; a segment of units
+    and one of judge answers, more only past :data:`SEGMENT_ENTRIES` each, made and written
+    a few at a time as ``units`` come), known to this store's later lookups. ``units``:
+    (key hex, unit oid, complete, run id); ``judge``: (sample ref, entry oid); ``packs``:
+    the packs that may hold what they name. Returns the segments' names."""
     pack_list = list(dict.fromkeys(packs))
     created = dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
-    unit_rows = [[key, oid, complete, None if run == run_id else run]
-                 for key, oid, complete, run in units]
-    judge_rows = [[name, oid] for name, oid in judge]
+    unit_rows: Iterator[list[Any]] = ([key, oid, complete, None if run == run_id else run]
+                                      for key, oid, complete, run in units)
+    judge_rows: Iterator[list[Any]] = ([name, oid] for name, oid in judge)
+    names: list[str] = []
     pages: dict[str, bytes] = {}
-    for start in range(0, len(unit_rows), SEGMENT_ENTRIES):
-        data = _encode(run_id, record_oid, created, unit_rows[start:start + SEGMENT_ENTRIES], [],
-                       pack_list)
-        pages[f"{UNITS}-{hashlib.sha256(data).hexdigest()}"] = data
-    for start in range(0, len(judge_rows), SEGMENT_ENTRIES):
-        data = _encode(run_id, record_oid, created, [], judge_rows[start:start + SEGMENT_ENTRIES],
-                       pack_list)
-        pages[f"{JUDGE}-{hashlib.sha256(data).hexdigest()}"] = data
-    if not pages:
-        return []
+    for rows, is_units in ((unit_rows, True), (judge_rows, False)):
+        while chunk := list(itertools.islice(rows, SEGMENT_ENTRIES)):
+            data = _encode(run_id, record_oid, created, chunk if is_units else [],
+                           [] if is_units else chunk, pack_list)
+            del chunk
+            pages[f"{UNITS if is_units else JUDGE}-{hashlib.sha256(data).hexdigest()}"] = data
+            if len(pages) >= _WRITE_BATCH:
+                names += _write_pages(store, pages)
+                pages = {}
+    if pages:
+        names += _write_pages(store, pages)
+    return names
+
+
+def _write_pages(store: Store, pages: dict[str, bytes]) -> list[str]:
     store.put_refs(NAMESPACE, pages)
     catalog = _catalog(store)
     for name, data in pages.items():
         with catalog.lock:
             loaded = _prefix(name) in catalog.loaded
-            if not loaded:  # parsed if a lookup of its kind comes (after a publish, none does)
+            # parsed if a lookup of its kind comes (after a publish, none does); past a few
+            # MB read back from the store instead
+            if not loaded and sum(map(len, catalog.pending.values())) + len(data) \
+                    <= _PENDING_BYTES:
                 catalog.pending[name] = data
         if loaded:
             catalog.add(name, parse_segment(data, where=f"{NAMESPACE}/{name}"))

@@ -262,14 +262,14 @@ def flaky_cases(store: Any, eval_set_id: str, last: int = 10) -> list[dict[str, 
         try:
             manifest = repo.read_manifest(store, name)
             record = repo.get(store, EvaluationRecord, manifest.record_oid)
-            units = repo.unit_verdicts(store, record)
+            entries = aggregates(record, repo.unit_verdicts(store, record))  # reads each unit
         except UNREADABLE_MANIFEST as exc:
             logger.warning("skipping run %s: %s", name, exc)
             continue
         except EvalsnapError as exc:
             logger.warning("skipping run %s: its record or a unit cannot be read (%s)", name, exc)
             continue
-        for a in aggregates(record, units):
+        for a in entries:
             seen.setdefault((a["eval_id"], a["metric"]), []).append(
                 {"run_id": record.run_id, "status": a["status"], "verdict": a["verdict"],
                  "passed": a["passed"], "n": a["n"]})

@@ -35,7 +35,7 @@ def gated(record: EvaluationRecord, units: Mapping[str, ScoreUnit | UnitVerdict]
     return entries, record.summary.complete and gate_passed(entries)
 
 
-def load_units(store: Any, record: EvaluationRecord) -> dict[str, UnitVerdict]:
+def load_units(store: Any, record: EvaluationRecord) -> Mapping[str, UnitVerdict]:
     """The verdicts of the record's units by unit oid (what a summary, its aggregates and a
     report page read; :func:`evalsnap.records.repo.get_unit_verdict`)."""
     return repo.unit_verdicts(store, record)
