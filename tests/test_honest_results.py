@@ -134,3 +134,28 @@ def test_a_damaged_unit_snapshot_or_ledger_entry_is_repaired_by_the_next_run(bas
         else:
             assert _object(store, kind, oid).read_bytes() != b'{"damaged": true}'
     assert run_inproc("show", first.json["record_id"], "--store", str(store)).code == 0
+
+
+@pytest.mark.parametrize("units, missing", [
+    ([("a", 0, "m1"), ("a", 0, "m2"), ("b", 0, "m1"), ("b", 0, "m2")], []),
+    ([("a", 0, "m1"), ("a", 0, "m2"), ("b", 0, "m1")], ["b#0/m2"]),
+    # as many units as pairs, and still one missing: a unit twice does not stand for another
+    ([("a", 0, "m1"), ("a", 0, "m2"), ("b", 0, "m1"), ("b", 0, "m1")], ["b#0/m2"]),
+    ([("a", 0, "m1"), ("a", 0, "m2"), ("b", 0, "m1"), ("c", 0, "m2")], ["b#0/m2"]),
+    ([], ["a#0/m1", "a#0/m2", "b#0/m1", "b#0/m2"]),
+])
+def test_every_selected_case_metric_pair_without_its_unit_is_unscored(
+        units: list[tuple[str, int, str]], missing: list[str]) -> None:
+    """Publish counts and sums the units' keys as they pass (no set of 210,000 of them); a
+    pair without its unit is still named, whatever else the units hold."""
+    from types import SimpleNamespace
+
+    from evalsnap.pipeline import publish
+
+    snapshot = SimpleNamespace(rules=[SimpleNamespace(metric_name="m1"),
+                                      SimpleNamespace(metric_name="m2")])
+    inference = [SimpleNamespace(eval_id=e, repetition=0) for e in ("a", "b")]
+    outcomes = [SimpleNamespace(eval_id=e, repetition=r, metric_name=m) for e, r, m in units]
+    have = (len(outcomes), sum(publish._unit_key(*u) for u in units))
+    assert publish._unscored(snapshot, inference, outcomes, have,  # type: ignore[arg-type]
+                             ["x"]) == ["x/*", *missing]
