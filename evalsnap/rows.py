@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import array
 import json
+import os
 import tempfile
 import threading
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
@@ -31,6 +32,19 @@ ROWS_IN_MEMORY = 4 << 20
 #: Rows read from the file at once while iterating.
 _BLOCK = 512
 
+#: Whether rows pickled by this process go to a process on the same machine: set in a local
+#: scoring process (:func:`send_by_file`), whose results the flow's process unpickles.
+_BY_FILE = False
+
+
+def send_by_file() -> None:
+    """From now on rows past :data:`ROWS_IN_MEMORY` that this process pickles travel as a
+    temporary file that the unpickling process takes over (and deletes), not through the
+    pipe: a scoring process's result for a metric of 30,000 cases was ~100 MB received at
+    once. Only for a process whose pickles stay on this machine (a local process pool)."""
+    global _BY_FILE
+    _BY_FILE = True
+
 
 class Spool(Sequence[bytes]):
     """Byte strings appended and read back by index: in memory up to
@@ -40,10 +54,37 @@ class Spool(Sequence[bytes]):
     __slots__ = ("_ends", "_file", "_lock")
 
     def __init__(self, items: Iterable[bytes] = ()) -> None:
-        self._file = tempfile.SpooledTemporaryFile(max_size=ROWS_IN_MEMORY)  # noqa: SIM115
+        self._file: Any = tempfile.SpooledTemporaryFile(max_size=ROWS_IN_MEMORY)  # noqa: SIM115
         self._ends = array.array("Q")
         self._lock = threading.Lock()
         self.extend(items)
+
+    @property
+    def size(self) -> int:
+        """Bytes of all the strings."""
+        return self._ends[-1] if self._ends else 0
+
+    def to_file(self) -> str:
+        """A new temporary file holding the strings (for :meth:`from_file`): its path."""
+        with tempfile.NamedTemporaryFile(prefix="evalsnap-rows-", delete=False) as out, \
+                self._lock:
+            self._file.seek(0)
+            left = self.size
+            while left:
+                block = self._file.read(min(left, 1 << 20))
+                out.write(block)
+                left -= len(block)
+            return out.name
+
+    @classmethod
+    def from_file(cls, path: str, ends: bytes) -> Spool:
+        """The strings of :meth:`to_file`'s file, read from it (deleted from its folder at
+        once: it is this spool's own until it is let go)."""
+        spool = cls()
+        spool._file = open(path, "r+b")  # noqa: SIM115 - the spool's, as its temporary file
+        os.unlink(path)
+        spool._ends.frombytes(ends)
+        return spool
 
     def extend(self, items: Iterable[bytes]) -> None:
         with self._lock:
@@ -167,7 +208,16 @@ class Rows(Sequence[M], Generic[M]):
         return f"Rows[{self._model.__name__}]({len(self)} rows)"
 
     def __reduce__(self) -> tuple[Any, ...]:
+        if _BY_FILE and self._items.size > ROWS_IN_MEMORY:
+            return Rows._from_file, (self._model, self._items.to_file(),
+                                     self._items._ends.tobytes())
         return Rows.of_json, (self._model, tuple(self._items))
+
+    @classmethod
+    def _from_file(cls, model: type[M], path: str, ends: bytes) -> Rows[M]:
+        rows = cls(model)
+        rows._items = Spool.from_file(path, ends)
+        return rows
 
 
 class _RowsOrList:

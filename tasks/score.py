@@ -101,13 +101,14 @@ def _warm(store_url: str, storage_options: dict[str, str], flow_run_id: str | No
           parent_pid: int | None = None) -> None:
     """Initializer of a scoring process: it dies with the flow's process, then imports what
     its tasks would import first."""
-    from evalsnap import startup
+    from evalsnap import rows, startup
     from evalsnap.pipeline.context import RunContext, serve
     from evalsnap.pipeline.score import ensure_paths, import_agent
 
     if parent_pid is not None:
         startup.die_with_parent(parent_pid)
     startup.apply_defaults()
+    rows.send_by_file()  # its results go to the flow's process on this machine
     startup.exit_without_teardown()
     # this process serves the tasks of one flow run: its store, with the flow's options
     serve(RunContext(store_url, storage_options=storage_options), flow_run_id)

@@ -283,3 +283,31 @@ def test_a_runs_unit_verdicts_are_kept_as_rows_and_read_back_whole(
     assert memo.get(f"sha256:{99:064x}") is None and not memo.has(f"sha256:{99:064x}")
     memo.put(f"sha256:{60:064x}", verdict(60))  # past its size it starts again
     assert memo.get(f"sha256:{0:064x}") is None and memo.get(f"sha256:{60:064x}") == verdict(60)
+
+
+def test_rows_from_a_local_scoring_process_travel_as_a_file_the_receiver_takes_over(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scoring process's rows past a few MB reach the flow's process as a temporary file
+    (not ~100 MB through the pipe): the same rows, the file gone from its folder once
+    taken, and rows added after it still read back; elsewhere rows pickle as their bytes."""
+    import pickle
+    import tempfile
+
+    from evalsnap import rows
+    from evalsnap.reports.summary_model import MetricResult
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(rows, "ROWS_IN_MEMORY", 4000)
+    items = [MetricResult(status="PASSED", score=n / 3, threshold=0.5) for n in range(300)]
+    sent = rows.Rows(MetricResult, items)
+    assert len(pickle.dumps(sent)) > 4000 * 2  # not by file: the rows' bytes in the pickle
+    monkeypatch.setattr(rows, "_BY_FILE", True)
+    data = pickle.dumps(sent)
+    assert len(data) < 4000 and len(list(tmp_path.iterdir())) == 1  # by file
+    got = pickle.loads(data)
+    assert list(tmp_path.iterdir()) == []  # the receiver's own now
+    assert got == items and got[-1] == items[-1] and got[5:7] == items[5:7]
+    got.extend(items[:2])
+    assert list(got) == items + items[:2]
+    small = rows.Rows(MetricResult, items[:3])
+    assert pickle.loads(pickle.dumps(small)) == items[:3] and list(tmp_path.iterdir()) == []
