@@ -39,9 +39,10 @@ _BY_FILE = False
 
 def send_by_file() -> None:
     """From now on rows past :data:`ROWS_IN_MEMORY` that this process pickles travel as a
-    temporary file that the unpickling process takes over (and deletes), not through the
-    pipe: a scoring process's result for a metric of 30,000 cases was ~100 MB received at
-    once. Only for a process whose pickles stay on this machine (a local process pool)."""
+    temporary file that the unpickling process reads (and deletes when it lets the rows
+    go: :meth:`Rows.clear`), not through the pipe: a scoring process's result for a metric
+    of 30,000 cases was ~100 MB received at once, and kept by Prefect's future as its
+    pickle. Only for a process whose pickles stay on this machine (a local process pool)."""
     global _BY_FILE
     _BY_FILE = True
 
@@ -51,12 +52,13 @@ class Spool(Sequence[bytes]):
     :data:`ROWS_IN_MEMORY`, then in an unnamed temporary file, each string's end offset in an
     array (8 bytes a row)."""
 
-    __slots__ = ("_ends", "_file", "_lock")
+    __slots__ = ("_ends", "_file", "_lock", "_path")
 
     def __init__(self, items: Iterable[bytes] = ()) -> None:
         self._file: Any = tempfile.SpooledTemporaryFile(max_size=ROWS_IN_MEMORY)  # noqa: SIM115
         self._ends = array.array("Q")
         self._lock = threading.Lock()
+        self._path: str | None = None
         self.extend(items)
 
     @property
@@ -78,13 +80,23 @@ class Spool(Sequence[bytes]):
 
     @classmethod
     def from_file(cls, path: str, ends: bytes) -> Spool:
-        """The strings of :meth:`to_file`'s file, read from it (deleted from its folder at
-        once: it is this spool's own until it is let go)."""
+        """The strings of :meth:`to_file`'s file, read from it; :meth:`discard` deletes it
+        (a pickle may be read more than once: Prefect's process pool future unpickles its
+        result on every ``result()``)."""
         spool = cls()
         spool._file = open(path, "r+b")  # noqa: SIM115 - the spool's, as its temporary file
-        os.unlink(path)
+        spool._path = path
         spool._ends.frombytes(ends)
         return spool
+
+    def discard(self) -> None:
+        """Deletes the file :meth:`from_file` read, if this spool was read from one."""
+        if self._path is not None:
+            try:
+                os.unlink(self._path)
+            except FileNotFoundError:
+                pass
+            self._path = None
 
     def extend(self, items: Iterable[bytes]) -> None:
         with self._lock:
@@ -166,7 +178,9 @@ class Rows(Sequence[M], Generic[M]):
         self._items.extend(items)
 
     def clear(self) -> None:
-        """Lets every row go (the temporary file with them)."""
+        """Lets every row go (the temporary file with them; rows received from a scoring
+        process: the file it sent, too)."""
+        self._items.discard()
         self._items = Spool()
 
     def __add__(self, other: Iterable[M]) -> Rows[M]:

@@ -56,6 +56,7 @@ def run_scoring(requests: list[ScoreRequest], progress: Any = None,
         metric = _units_of(r, f)
         if isinstance(metric, Rows):
             units.extend_json(metric.json_items())
+            metric.clear()  # a scoring process's rows: the file it sent them in, too
         else:  # a cached result read back: the list of each unit's data
             units.extend(UnitOutcome.model_validate(u) for u in metric)
     return units
