@@ -175,11 +175,14 @@ def _ids(entries: list[str]) -> str:
 def verdict(part: RecordResult) -> dict[str, list[str]]:
     """Case ids of one record that failed on quality (by the repetition gate), or are
     incomplete."""
-    incomplete = [c.eval_id for c in part.cases if c.inference == "failure"]
-    incomplete += [a.eval_id for a in part.aggregates if a.status == "NOT_EVALUATED"]
+    incomplete = dict.fromkeys(c.eval_id for c in part.cases if c.inference == "failure")
+    incomplete.update(dict.fromkeys(a.eval_id for a in part.aggregates
+                                    if a.status == "NOT_EVALUATED"))
+    # a dict, not a list: a case's membership is looked up once per aggregate (210,000 at
+    # 30,000 cases, against as many incomplete cases)
     failed = [a.eval_id for a in part.aggregates
               if a.status == "FAILED" and a.eval_id not in incomplete]
-    return {"failed": list(dict.fromkeys(failed)), "incomplete": list(dict.fromkeys(incomplete))}
+    return {"failed": list(dict.fromkeys(failed)), "incomplete": list(incomplete)}
 
 
 def _exit(part: RecordResult, fail_on: str) -> int:
