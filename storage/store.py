@@ -129,32 +129,12 @@ class _ByteLRU:
                 self._size -= len(dropped)
 
 
-class _Keys:
-    """A set of paths or ids, kept as :func:`storage.ids.short_key` keys."""
-
-    __slots__ = ("_keys",)
-
-    def __init__(self) -> None:
-        self._keys: set[bytes] = set()
-
-    def add(self, text: str) -> None:
-        self._keys.add(short_key(text))
-
-    def discard(self, text: str) -> None:
-        self._keys.discard(short_key(text))
-
-    def __contains__(self, text: object) -> bool:
-        return isinstance(text, str) and short_key(text) in self._keys
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-
 V = TypeVar("V")
 
 
 class _ByKey(Generic[V]):
-    """A dict by path or id, kept under :func:`storage.ids.short_key` keys (the values as they are)."""
+    """A dict by path or id, kept under :func:`storage.ids.short_key` keys (the values as
+    they are); as a set of paths, :meth:`add` and :meth:`discard`."""
 
     __slots__ = ("_items",)
 
@@ -175,6 +155,12 @@ class _ByKey(Generic[V]):
 
     def __setitem__(self, text: str, value: V) -> None:
         self._items[short_key(text)] = value
+
+    def add(self, text: str) -> None:
+        self._items[short_key(text)] = None  # type: ignore[assignment]  # a set: _ByKey[None]
+
+    def discard(self, text: str) -> None:
+        self._items.pop(short_key(text), None)
 
     def __contains__(self, text: object) -> bool:
         return isinstance(text, str) and short_key(text) in self._items
@@ -257,7 +243,7 @@ class Store:
         # Objects are immutable: what this instance read (verified) or wrote, and what a
         # listing proved intact, need no second request (DESIGN.md "Store economy").
         self._cache = _ReadCache()
-        self._known = _Keys()
+        self._known: _ByKey[None] = _ByKey()
         self._listings: dict[str, dict[str, FileInfo]] = {}
         self._in_run = False  # remembering starts with new_run() (a run), ends with end_run()
         #: Per-run scratch of the layers above (e.g. reuse hints), forgotten by new_run.
@@ -283,7 +269,7 @@ class Store:
         listings) and start counting requests from zero: a new run reads what the store
         holds now (another process may have damaged or deleted objects since)."""
         self._cache = _ReadCache()
-        self._known = _Keys()
+        self._known = _ByKey()
         self._listings = {}
         self.run_memo = {}
         self._packs_forget()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -195,18 +195,18 @@ def _cases_from_object(raw: Any, where: str, text: str) -> EvalCases:
     if not isinstance(items, list):
         return EvalCases.of(_eval_set_from_object(raw, where))
     _check_spellings(raw, where)
-    checks, rows, batch = _CaseChecks(where), Rows(EvalCase), []
-    try:
-        header = EvalSet.model_validate({**raw, "eval_cases": []})
+    checks = _CaseChecks(where)
+
+    def each() -> Iterator[EvalCase]:
         for i, item in enumerate(items):
             items[i] = None
             case = EvalCase.model_validate(item)
             checks.add(case)
-            batch.append(case)
-            if len(batch) >= 256:
-                rows.extend(batch)
-                batch.clear()
-        rows.extend(batch)
+            yield case
+
+    try:
+        header = EvalSet.model_validate({**raw, "eval_cases": []})
+        rows = Rows(EvalCase, each())
     except ValidationError:  # the one strict parse of the text: the same error as ever
         return EvalCases.of(_eval_set_from_object(_parse_json(text, where), where))
     checks.done()
@@ -228,38 +228,39 @@ def load_eval_set(path: str | Path, *, initial_session: dict[str, Any] | None = 
 
     Either way the cases pass the same checks (unique eval_ids, user content in every turn).
     """
-    p, text = _read(path)
-    raw = _parse_json(text, str(p))
-    if not isinstance(raw, list):
-        _refuse_initial_session(initial_session, f"{p} is an ADK EvalSet file")
-        return _eval_set_from_object(raw, str(p))
-    eval_set = migrate_old_format(p, raw, initial_session)
-    _check_cases(eval_set, str(p))
-    return eval_set
+    p, text, raw = _read(path, initial_session)
+    return _eval_set_from_object(raw, str(p)) if not isinstance(raw, list) \
+        else _migrated(p, raw, initial_session)
 
 
 def load_eval_cases(path: str | Path, *, initial_session: dict[str, Any] | None = None
                     ) -> EvalCases:
     """:func:`load_eval_set`, as a run holds it (:class:`EvalCases`): the same checks, the
     same errors, the cases as rows."""
-    p, text = _read(path)
-    raw = _parse_json(text, str(p))
-    if not isinstance(raw, list):
-        _refuse_initial_session(initial_session, f"{p} is an ADK EvalSet file")
-        return _cases_from_object(raw, str(p), text)
-    eval_set = migrate_old_format(p, raw, initial_session)
-    _check_cases(eval_set, str(p))
-    return EvalCases.of(eval_set)
+    p, text, raw = _read(path, initial_session)
+    return _cases_from_object(raw, str(p), text) if not isinstance(raw, list) \
+        else EvalCases.of(_migrated(p, raw, initial_session))
 
 
-def _read(path: str | Path) -> tuple[Path, str]:
+def _read(path: str | Path, initial_session: dict[str, Any] | None) -> tuple[Path, str, Any]:
+    """The file, its text and its JSON (an ``EvalSet`` object refuses an initial session)."""
     p = Path(path)
     if not p.is_file():
         raise InputFileError(f"eval set {p} does not exist; pass the path of an .evalset.json file.")
     try:
-        return p, p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputFileError(f"cannot read eval set {p}: {exc}") from exc
+    raw = _parse_json(text, str(p))
+    if not isinstance(raw, list):
+        _refuse_initial_session(initial_session, f"{p} is an ADK EvalSet file")
+    return p, text, raw
+
+
+def _migrated(p: Path, raw: list[Any], initial_session: dict[str, Any] | None) -> EvalSet:
+    eval_set = migrate_old_format(p, raw, initial_session)
+    _check_cases(eval_set, str(p))
+    return eval_set
 
 
 def load_initial_session(path: str | Path | None) -> dict[str, Any] | None:
