@@ -45,15 +45,17 @@ def publish_task(request: PublishRequest) -> RecordResult:
     except Exception as exc:  # noqa: BLE001 - a view: the page reads the manifests instead
         logger.warning("could not read the store's site data (%s); the trend reads the "
                        "runs' manifests", exc)
+    # the summary first: its regressions and fixes are the page's too (made once)
+    result = summary(store, record_oid, record)
     try:  # the HTML report beside the record (v1/refs/reports/<record hex>.html)
         page = store_report(store, record_oid, record, flow_run_url=current_flow_run_url(),
                             earlier=None if now is None else now.trend(
-                                record.created_at, TREND_RUNS - 1))
+                                record.created_at, TREND_RUNS - 1), known=result)
         link = report_link(store, record_oid)
     except Exception as exc:  # noqa: BLE001 - a view of the record must not lose the run
         logger.warning("could not write the HTML report of record %s: %s", record_oid, exc)
     url, expires = link
-    result = summary(store, record_oid, record).model_copy(update={
+    result = result.model_copy(update={
         # a link a browser opens (artifacts, events, --json): public, signed or local
         "report_url": url,
         "report_url_expires": None if expires is None else (

@@ -3,8 +3,9 @@ as compact rows (:class:`evalsnap.reports.html.CaseRows`), with the values, the 
 the page the full per-case values gave.
 
 One store, made by the real CLI (in the test process): record A (``run`` of the shop agent),
-B (``rescore A --reuse`` with stricter thresholds: regressions against A) and C (``run
---repetitions 2 --reuse``: aggregates over repetitions).
+B (``rescore A --reuse`` with stricter thresholds: regressions against A), C (``run
+--repetitions 2 --reuse``: aggregates over repetitions) and D (``run --reuse --baseline B``:
+fixes against B).
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                        "--reuse", "--json"), "rescore B")
     c = _ok(run_inproc("run", str(agent), str(evalset), "--store", store, "--json",
                        "--repetitions", "2", "--reuse"), "run C")
-    return {"store": store, "runs": {"a": a["run_id"], "b": b["run_id"], "c": c["run_id"]}}
+    d = _ok(run_inproc("run", str(agent), str(evalset), "--store", store, "--json",
+                       "--reuse", "--baseline", b["run_id"]), "run D")
+    return {"store": store, "runs": {"a": a["run_id"], "b": b["run_id"], "c": c["run_id"],
+                                     "d": d["run_id"]}}
 
 
 def _open(made: dict[str, Any], name: str) -> tuple[Any, str, Any]:
@@ -71,6 +75,41 @@ def test_the_cases_made_one_at_a_time_are_full_records(made: dict[str, Any], nam
         assert full["aggregates"] and any(a["n"] == 2 for a in full["aggregates"])
     if name == "b":
         assert "regressed" in moved.values()
+
+
+@pytest.mark.parametrize("name", ["c", "d"])
+def test_the_page_takes_the_records_summary_as_made(made: dict[str, Any], name: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Publish hands the page the record's summary (``known``): against the record's own
+    baseline (D's) the page's changes are the summary's regressions and fixes, against
+    another record (C's parent) the summary's cases are compared; either way the page finds
+    what it finds by making the summaries itself, and the record's is not made again."""
+    from evalsnap.reports import summary as summaries
+
+    store, oid, record = _open(made, name)
+    base = record.baseline.record_oid if name == "d" else record.parent_record
+    assert base is not None and (name == "c") == (record.baseline is None)
+    known = summaries.summary(store, oid, record)
+    compared = html.changes(store, oid, record, base)
+    assert "fixed" in compared[0].values()  # against B's stricter thresholds
+    if name == "d":
+        assert known.fixes
+    made_for: list[str] = []
+    real = summaries.summary
+
+    def counted(store: Any, record_oid: str, *args: Any, **kwargs: Any) -> Any:
+        made_for.append(record_oid)
+        return real(store, record_oid, *args, **kwargs)
+
+    monkeypatch.setattr(summaries, "summary", counted)
+    assert html.changes(store, oid, record, base, known) == compared
+    assert made_for == ([] if name == "d" else [base])
+    # a summary's rows are compared as their JSON: as the `--json` objects compare
+    from evalsnap.reports.regressions import compare
+
+    before = real(store, base, repo.get(store, type(record), base), compare=False)
+    assert compare(known, before) == compare(known.model_dump(mode="json"),
+                                             before.model_dump(mode="json"))
 
 
 @pytest.mark.parametrize("name", ["a", "b", "c"])

@@ -23,7 +23,7 @@ import functools
 import io
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 
@@ -41,6 +41,9 @@ from evalsnap.reports.history import (
     save_point,
 )
 from evalsnap.reports.show import full_record
+
+if TYPE_CHECKING:
+    from evalsnap.reports.summary_model import RecordResult
 
 #: Runs of the eval set the trend shows, this one included.
 TREND_RUNS = 10
@@ -116,21 +119,24 @@ def report_url(store: Any, record_oid: str) -> str:
 
 def store_report(store: Any, record_oid: str, record: EvaluationRecord, *,
                  flow_run_url: str | None = None, again: bool = False,
-                 earlier: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                 earlier: list[dict[str, Any]] | None = None,
+                 known: RecordResult | None = None) -> dict[str, Any]:
     """Writes the history point and the page of a record beside it (``v1/refs/reports/
     <record hex>.json`` and ``.html``, the page as ``text/html; charset=utf-8``); returns
     the page's :func:`page_context` (the site's run page is made from it). ``flow_run_url``:
     the Prefect UI's page of the flow run publishing it, kept in the point, so that the
     page made ``again`` later (``evalsnap report --store-page``) still links it.
     ``earlier``: the trend's points before this run, oldest first, if known (else read with
-    ``history``)."""
+    ``history``). ``known``: the record's summary, if made (its regressions and fixes are
+    the page's: :func:`changes`)."""
     point = run_point(store, record_oid, record)
     if again and flow_run_url is None:
         flow_run_url = (_saved_point(store, record_oid, record.run_id) or {}).get("flow_run_url")
     if flow_run_url and flow_run_url.startswith(("https://", "http://")):
         point["flow_run_url"] = flow_run_url
     save_point(store, point)
-    context = page_context(store, record_oid, record, current=point, earlier=earlier)
+    context = page_context(store, record_oid, record, current=point, earlier=earlier,
+                           known=known)
     store.put_ref(REPORTS, report_name(record_oid), render_bytes(template(), **context),
                   content_type="text/html; charset=utf-8")
     return context
@@ -144,25 +150,40 @@ def duration_text(seconds: float | None) -> str:
 
 
 def changes(store: Any, record_oid: str, record: EvaluationRecord,
-            baseline_oid: str | None) -> tuple[dict[tuple, str], str | None]:
+            baseline_oid: str | None, known: RecordResult | None = None,
+            ) -> tuple[dict[tuple, str], str | None]:
     """``regressed`` or ``fixed`` per (eval_id, repetition, metric) against the baseline
     record, as :func:`evalsnap.reports.regressions.compare` finds them (with the record's
-    own tolerance when it was compared with that baseline); and the baseline's run id."""
+    own tolerance and alpha when it was compared with that baseline); and the baseline's run
+    id. ``known``: the record's summary (:func:`~evalsnap.reports.summary.summary`), made by
+    publish: its regressions and fixes are taken as they are when it compared the record
+    with ``baseline_oid``, else its cases and aggregates are compared (the record's summary
+    is not made again)."""
     if baseline_oid is None:
         return {}, None
-    from evalsnap.reports.regressions import compare
-    from evalsnap.reports.summary import summary
+    own = record.baseline if record.baseline is not None \
+        and record.baseline.record_oid == baseline_oid else None
+    if own is not None and known is not None and known.baseline is not None \
+            and known.baseline.record_oid == baseline_oid and known.baseline.note is None:
+        found: dict[str, Any] = {"regressions": [c.model_dump() for c in known.regressions],
+                                 "fixes": [c.model_dump() for c in known.fixes]}
+        base_run = own.run_id
+    else:
+        from evalsnap.reports.regressions import compare
+        from evalsnap.reports.summary import summary
 
-    base = repo.get(store, EvaluationRecord, baseline_oid)
-    own = record.baseline
-    tolerance = own.tolerance if own is not None and own.record_oid == baseline_oid else 0.0
-    # the cases and aggregates of each side are what compare reads (not their own baseline
-    # comparisons, which would run the bootstrap once more per side)
-    found = compare(summary(store, record_oid, record, compare=False),
-                    summary(store, baseline_oid, base, compare=False), tolerance)
+        base = repo.get(store, EvaluationRecord, baseline_oid)
+        # the cases and aggregates of each side are what compare reads (not their own
+        # baseline comparisons, which would run the bootstrap once more per side)
+        found = compare(known if known is not None else summary(store, record_oid, record,
+                                                                 compare=False),
+                        summary(store, baseline_oid, base, compare=False),
+                        own.tolerance if own is not None else 0.0,
+                        own.alpha if own is not None else 0.05)
+        base_run = base.run_id
     out = {(r["eval_id"], r["repetition"], r["metric"]): "regressed" for r in found["regressions"]}
     out.update({(r["eval_id"], r["repetition"], r["metric"]): "fixed" for r in found["fixes"]})
-    return out, base.run_id
+    return out, base_run
 
 
 def _dots(metric: str, points: list[dict[str, Any]], width: int = 170,
@@ -454,19 +475,21 @@ def page_context(store: Any, record_oid: str, record: EvaluationRecord, *,
                  trend_runs: int = TREND_RUNS, baseline_oid: str | None = None,
                  current: dict[str, Any] | None = None,
                  earlier: list[dict[str, Any]] | None = None,
-                 detail_cases: int | None = None) -> dict[str, Any]:
+                 detail_cases: int | None = None,
+                 known: RecordResult | None = None) -> dict[str, Any]:
     """What the page of ``record`` shows, as :func:`render` gives it to the template (the
     site's run and case pages are made from the same values). ``earlier``: the trend's
     points before this run, oldest first, when known (else read with ``history``).
     ``detail_cases``: how many cases show their conversation, invocation rows and judge
     ledger (default ``EVALSNAP_REPORT_DETAIL_CASES``), regressed, failed and incomplete
-    cases first; the others show their scores."""
+    cases first; the others show their scores. ``known``: the record's summary, if made
+    (:func:`changes`)."""
     s = record.summary
     if baseline_oid is None:
         baseline_oid = (record.baseline.record_oid if record.baseline is not None
                         else record.parent_record)
     try:
-        moved, base_run = changes(store, record_oid, record, baseline_oid)
+        moved, base_run = changes(store, record_oid, record, baseline_oid, known)
         if base_run:
             baseline_oid = f"{baseline_oid} (run {base_run})"
     except EvalsnapError as exc:

@@ -21,12 +21,14 @@ with a seeded paired bootstrap 95% interval (``scipy.stats.bootstrap``, percenti
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel
 
 from evalsnap import exitcodes
 from evalsnap.reports.summary_model import RecordResult, SuiteResult, Summary
+from evalsnap.rows import Rows
 
 __all__ = ["FAIL_ON", "FailOn", "compare", "gate", "gate_message", "metric_deltas", "verdict"]
 
@@ -39,9 +41,17 @@ SEED = 20261201
 
 
 def _data(result: RecordResult | dict[str, Any]) -> dict[str, Any]:
-    """The data of a summary (the cases and aggregates :func:`compare` reads)."""
-    return result.model_dump(include={"cases", "aggregates"}) if isinstance(result, BaseModel) \
-        else result
+    """The data of a summary (the cases and aggregates :func:`compare` reads): rows (a
+    summary's, :class:`~evalsnap.rows.Rows`) parsed from the JSON they hold, not serialized
+    again model by model."""
+    if not isinstance(result, BaseModel):
+        return result
+    out: dict[str, Any] = {}
+    for name in ("cases", "aggregates"):
+        value = getattr(result, name)
+        out[name] = [json.loads(b) for b in value.json_items()] if isinstance(value, Rows) \
+            else [v.model_dump() for v in value]
+    return out
 
 
 def _units(result: dict[str, Any]) -> dict[tuple[str, int, str], dict[str, Any]]:
