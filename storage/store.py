@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar, overload
+from typing import Any
 
 from storage import _local
 from storage._backend import OVERSIZE, FileInfo, RequestCounts, open_backend
@@ -47,10 +47,10 @@ from storage.ids import (
     OBJECT_KINDS,
     PACKED_KINDS,
     oid_of,
-    short_key,
     validate_id,
     validate_kind,
 )
+from storage.keymap import KeyMap
 
 __all__ = ["LAYOUT_VERSION", "Problem", "Store"]
 
@@ -129,49 +129,6 @@ class _ByteLRU:
                 self._size -= len(dropped)
 
 
-V = TypeVar("V")
-
-
-class _ByKey(Generic[V]):
-    """A dict by path or id, kept under :func:`storage.ids.short_key` keys (the values as
-    they are); as a set of paths, :meth:`add` and :meth:`discard`."""
-
-    __slots__ = ("_items",)
-
-    def __init__(self) -> None:
-        self._items: dict[bytes, V] = {}
-
-    @overload
-    def get(self, text: str) -> V | None: ...
-
-    @overload
-    def get(self, text: str, default: V) -> V: ...
-
-    def get(self, text: str, default: V | None = None) -> V | None:
-        return self._items.get(short_key(text), default)
-
-    def __getitem__(self, text: str) -> V:
-        return self._items[short_key(text)]
-
-    def __setitem__(self, text: str, value: V) -> None:
-        self._items[short_key(text)] = value
-
-    def add(self, text: str) -> None:
-        self._items[short_key(text)] = None  # type: ignore[assignment]  # a set: _ByKey[None]
-
-    def discard(self, text: str) -> None:
-        self._items.pop(short_key(text), None)
-
-    def __contains__(self, text: object) -> bool:
-        return isinstance(text, str) and short_key(text) in self._items
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __bool__(self) -> bool:
-        return bool(self._items)
-
-
 class _ReadCache:
     """The read cache of a store instance: a :class:`_ByteLRU` for judge ledger entries
     (:data:`READ_CACHE_JUDGE_BYTES`) and one for every other object."""
@@ -243,7 +200,7 @@ class Store:
         # Objects are immutable: what this instance read (verified) or wrote, and what a
         # listing proved intact, need no second request (DESIGN.md "Store economy").
         self._cache = _ReadCache()
-        self._known: _ByKey[None] = _ByKey()
+        self._known: KeyMap[None] = KeyMap()
         self._listings: dict[str, dict[str, FileInfo]] = {}
         self._in_run = False  # remembering starts with new_run() (a run), ends with end_run()
         #: Per-run scratch of the layers above (e.g. reuse hints), forgotten by new_run.
@@ -252,24 +209,24 @@ class Store:
         # the layers above: a record's packs, a segment's; hints, kept across runs, as a
         # record read before a run is read from within it), which one was found to hold it
         # and which packs were opened (in this run)
-        self._holders: _ByKey[tuple[str, ...]] = _ByKey()
+        self._holders: KeyMap[tuple[str, ...]] = KeyMap()
         self._pack_gate = threading.Lock()
         self._packs_forget()
         self.url = self._b.url
 
     def _packs_forget(self) -> None:
-        self._found_in: _ByKey[str] = _ByKey()
+        self._found_in: KeyMap[str] = KeyMap()
         self._opened: set[str] = set()
         self._damaged_packs: dict[str, bytes] = {}
         if len(self._holders) > _MAX_HOLDERS:
-            self._holders = _ByKey()
+            self._holders = KeyMap()
 
     def new_run(self) -> None:
         """Forget what this instance learnt of the store (read cache, objects known intact,
         listings) and start counting requests from zero: a new run reads what the store
         holds now (another process may have damaged or deleted objects since)."""
         self._cache = _ReadCache()
-        self._known = _ByKey()
+        self._known = KeyMap()
         self._listings = {}
         self.run_memo = {}
         self._packs_forget()

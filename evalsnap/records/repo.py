@@ -55,6 +55,7 @@ from evalsnap.records._base import first_problem, parse_stored
 from evalsnap.rows import Spool
 from storage import CorruptObjectError, ObjectNotFound, Store, TooLarge, oid_of
 from storage.ids import OID_PATTERN, PACKED_KINDS, short_key
+from storage.keymap import KeyNumbers
 
 logger = logging.getLogger(__name__)
 M = TypeVar("M", bound=StoredModel)
@@ -289,34 +290,35 @@ def unit_verdicts(store: Store, record: EvaluationRecord) -> RecordVerdicts:
 
 class _Verdicts:
     """Unit verdicts by unit oid, packed (:meth:`UnitVerdict.packed`) as rows (past a few
-    MB in a temporary file: :class:`~evalsnap.rows.Spool`), each found by its 16-byte key:
-    ~110 bytes a unit in memory where the verdict objects by oid took ~400 (210,000 units
-    at 30,000 cases). Past ``size`` units it starts again empty."""
+    MB in a temporary file: :class:`~evalsnap.rows.Spool`), each found by its 16-byte key
+    (:class:`~storage.keymap.KeyNumbers`: its row's number): ~50 bytes a unit in memory
+    where the verdict objects by oid took ~400 (210,000 units at 30,000 cases). Past
+    ``size`` units it starts again empty."""
 
     def __init__(self, size: int) -> None:
         self._size = size
         self._rows = Spool()
-        self._at: dict[bytes, int] = {}
+        self._at = KeyNumbers()
         self._lock = threading.Lock()
 
     def get(self, oid: str) -> UnitVerdict | None:
         with self._lock:
-            at = self._at.get(short_key(oid))
+            at = self._at.get_key(short_key(oid))
             data = None if at is None else self._rows[at]
         return None if data is None else UnitVerdict.unpacked(data)
 
     def has(self, oid: str) -> bool:
         with self._lock:
-            return short_key(oid) in self._at
+            return self._at.get_key(short_key(oid)) is not None
 
     def put(self, oid: str, verdict: UnitVerdict) -> None:
         data, key = verdict.packed(), short_key(oid)
         with self._lock:
-            if key in self._at:
+            if self._at.get_key(key) is not None:
                 return
             if len(self._at) >= self._size:
-                self._rows, self._at = Spool(), {}
-            self._at[key] = len(self._rows)
+                self._rows, self._at = Spool(), KeyNumbers()
+            self._at.put_key(key, len(self._rows))
             self._rows.extend((data,))
 
 

@@ -1,0 +1,72 @@
+"""``storage.keymap``: what a process remembers of many objects behaves as the dict it
+replaces (by a path's short key), through growth, removal and the slots removal leaves."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from storage.ids import short_key
+from storage.keymap import MAX_NUMBER, KeyMap, KeyNumbers
+
+_TEXTS = st.text(alphabet="abcdef/0123456789", min_size=1, max_size=6)
+_OPS = st.lists(st.tuples(st.sampled_from(["set", "add", "discard"]), _TEXTS,
+                          st.sampled_from([None, "pack-a", "pack-b", ("p1", "p2")])),
+                max_size=400)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_OPS)
+def test_a_key_map_is_the_dict_it_replaces(ops: list[tuple[str, str, object]]) -> None:
+    m: KeyMap[object] = KeyMap()
+    d: dict[str, object] = {}
+    for op, text, value in ops:
+        if op == "set":
+            m[text], d[text] = value, value
+        elif op == "add":
+            m.add(text)
+            d[text] = None
+        else:
+            m.discard(text)
+            d.pop(text, None)
+        assert len(m) == len(d) and bool(m) == bool(d)
+    for _, text, _ in ops:
+        assert (text in m) == (text in d)
+        assert m.get(text, "absent") == d.get(text, "absent")
+        if text in d:
+            assert m[text] == d[text]
+        else:
+            with pytest.raises(KeyError):
+                m[text]
+
+
+def test_many_keys_grow_the_table_and_keep_every_entry() -> None:
+    """Past the growth of the table (and with removed slots in it), every number is found,
+    none that was removed is, and the table stays at most 70 % full."""
+    numbers = KeyNumbers()
+    keys = [short_key(f"v1/objects/unit/{i:06d}") for i in range(20_000)]
+    for i, key in enumerate(keys):
+        numbers.put_key(key, i)
+    for key in keys[::3]:
+        assert numbers.pop_key(key) is not None
+    assert numbers.pop_key(keys[0]) is None
+    for i, key in enumerate(keys):
+        assert numbers.get_key(key) == (None if i % 3 == 0 else i)
+    for i, key in enumerate(keys[::3]):  # removed slots taken again
+        numbers.put_key(key, MAX_NUMBER - i)
+    assert len(numbers) == len(keys)
+    assert sorted(n for _, n in numbers.items()) == sorted(
+        i if i % 3 else MAX_NUMBER - i // 3 for i in range(len(keys)))
+    assert len(numbers._words) * 0.7 >= numbers._filled
+
+
+@pytest.mark.parametrize("bad", [-1, MAX_NUMBER + 1])
+def test_a_number_out_of_range_is_refused(bad: int) -> None:
+    with pytest.raises(ValueError, match="KeyNumbers number"):
+        KeyNumbers().put_key(short_key("x"), bad)
+
+
+def test_a_key_of_another_length_is_refused() -> None:
+    with pytest.raises(ValueError, match="16 bytes"):
+        KeyNumbers().put_key(b"short", 1)
