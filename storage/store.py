@@ -117,10 +117,14 @@ class _ByteLRU:
             if old is not None:
                 self._size -= len(old)
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes, *, spare: bool = False) -> None:
+        """Keeps ``data`` under ``key``, letting go of the least recently used if need be;
+        ``spare``: only if it fits without letting anything go."""
         if len(data) > self._budget // 4:
             return  # one huge object would evict everything else
         with self._lock:
+            if spare and key not in self._items and self._size + len(data) > self._budget:
+                return
             old = self._items.pop(key, None)
             self._size += len(data) - (len(old) if old is not None else 0)
             self._items[key] = data
@@ -148,8 +152,8 @@ class _ReadCache:
     def drop(self, key: str) -> None:
         self._lane(key).drop(key)
 
-    def put(self, key: str, data: bytes) -> None:
-        self._lane(key).put(key, data)
+    def put(self, key: str, data: bytes, *, spare: bool = False) -> None:
+        self._lane(key).put(key, data, spare=spare)
 
 
 @dataclass(frozen=True)
@@ -511,32 +515,35 @@ class Store:
         return self._found_in.get(oid) in self._damaged_packs
 
     def hold_members(self, pack_oid: str, members: Mapping[tuple[str, str], bytes], *,
-                     checked: bool = False) -> None:
+                     checked: bool = False, spare: bool = False) -> None:
         """Pack ``pack_oid`` is in the store and holds ``members`` ((kind, oid) → bytes,
         each hashing to its oid). Units and judge entries (:data:`PACKED_KINDS`, whose pack
         may be their only copy) are then read from memory while the read cache keeps them,
         else from the pack; a member of another kind is a copy of a loose object, kept as
         :meth:`remember` keeps it (handed out once the loose object is proved). ``checked``:
-        each member was hashed already (by the pack reader, or the writer)."""
+        each member was hashed already (by the pack reader, or the writer). ``spare``: the
+        members are kept in the read cache only where it has room (they are read later, if at
+        all, from the pack again: a large run's packs, read whole, would only push each
+        other out)."""
         for (kind, oid), data in members.items():
             if not checked and oid_of(data) != oid:
                 continue
             if kind in PACKED_KINDS:
-                self._cache.put(object_rel(validate_kind(kind), oid), data)
+                self._cache.put(object_rel(validate_kind(kind), oid), data, spare=spare)
                 self._found_in[oid] = pack_oid
             elif self._in_run:
-                self._cache.put(object_rel(validate_kind(kind), oid), data)
+                self._cache.put(object_rel(validate_kind(kind), oid), data, spare=spare)
         self._opened.add(pack_oid)
 
-    def open_packs(self, pack_oids: Iterable[str]
+    def open_packs(self, pack_oids: Iterable[str], *, spare: bool = False
                    ) -> dict[str, Mapping[tuple[str, str], bytes] | Exception]:
         """Reads packs (one concurrent batch) and returns each one's members, each checked
         against its own oid (or why the pack cannot be used: missing, not a pack; the objects
         it would hold are then looked for elsewhere). A pack whose bytes no longer hash to
         its id is damaged, and its members that still match their ids are used (logged;
         ``verify`` reports the pack): damage costs what it touched, not the whole pack. The
-        members become readable as objects (:meth:`hold_members`); the packs' bytes are not
-        kept."""
+        members become readable as objects (:meth:`hold_members`, ``spare`` as it says);
+        the packs' bytes are not kept."""
         out: dict[str, Mapping[tuple[str, str], bytes] | Exception] = {}
         todo = [oid for oid in dict.fromkeys(pack_oids)]
         if not todo:
@@ -576,7 +583,8 @@ class Store:
                 self._opened.add(pack_oid)
                 out[pack_oid] = exc
                 continue
-            self.hold_members(pack_oid, members, checked=True)  # the unpacker checked each
+            self.hold_members(pack_oid, members, checked=True,  # the unpacker checked each
+                              spare=spare)
             out[pack_oid] = members
         return out
 

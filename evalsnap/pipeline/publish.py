@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from evalsnap import startup
 from evalsnap.agents.base import now_iso
 from evalsnap.errors import EvalsnapError
 from evalsnap.exitcodes import FailOn
@@ -222,6 +223,7 @@ def publish(req: PublishRequest, ctx: RunContext, *,
     store = ctx.store
     snapshot = repo.get_snapshot(store, req.snapshot_oid)
     unit_packs = _own_packs(store, req.units, req.run_id)
+    startup.give_back_freed()  # the packs read (~70 MB of packs and members a batch)
     pack.repair(store)  # a damaged pack whose members this run did again (in any process)
     parent_oid = repo.latest_record_for(store, snapshot.eval_set_id)
     try:
@@ -352,6 +354,7 @@ def publish(req: PublishRequest, ctx: RunContext, *,
         packs=packs, fail_on=req.fail_on)
     if complete and repetitions:
         record = _gated(store, record)
+    startup.give_back_freed()  # the units' rows read, before the ADK history copy reads
     if history_writer is not None:
         try:
             record = record.model_copy(update={"adk_history_path": history_writer(record)})
@@ -400,7 +403,10 @@ def _own_packs(store: Store, units: Iterable[UnitOutcome], run_id: str) -> list[
         names.update(dict.fromkeys(o.packs))
         if o.run_id == run_id:
             own.update(dict.fromkeys(o.packs))
-    for kind, oid, data in pack.members_of(store, list(own)):
+    # the members kept in the read cache as far as it has room: past that (a large run) the
+    # packs read one after another only pushed each other out, and what reads a unit later
+    # opens its pack again
+    for kind, oid, data in pack.members_of(store, list(own), spare=True):
         if kind == "unit":
             repo.remember_verdict(store, oid, data)
         if kind not in PACKED_KINDS:  # a unit or entry is found in its pack (open_packs)

@@ -131,13 +131,14 @@ def read_pack(data: bytes, *, where: str) -> dict[tuple[str, str], bytes]:
 PACK_BATCH = 4
 
 
-def members_of(store: Store, pack_oids: list[str]) -> Iterator[tuple[str, str, bytes]]:
+def members_of(store: Store, pack_oids: list[str], *, spare: bool = False
+               ) -> Iterator[tuple[str, str, bytes]]:
     """(kind, oid, bytes) of every member of the packs, read :data:`PACK_BATCH` at a time
-    (:meth:`storage.Store.open_packs`: the members become readable as objects, the packs'
-    bytes are let go); a pack that cannot be read is skipped (logged: what it holds is then
-    looked for elsewhere)."""
+    (:meth:`storage.Store.open_packs`: the members become readable as objects, kept in the
+    read cache as far as it has room if ``spare``; the packs' bytes are let go); a pack
+    that cannot be read is skipped (logged: what it holds is then looked for elsewhere)."""
     for start in range(0, len(pack_oids), PACK_BATCH):
-        for got in store.open_packs(pack_oids[start:start + PACK_BATCH]).values():
+        for got in store.open_packs(pack_oids[start:start + PACK_BATCH], spare=spare).values():
             if isinstance(got, Exception):
                 continue
             for (kind, oid), data in got.items():
