@@ -46,22 +46,30 @@ def summary(store: Any, record_oid: str, record: EvaluationRecord,
     """The one result ``run``/``rescore``/``replay`` print as ``--json`` (with ``compare``,
     the regressions and fixes against the record's baseline, if it has one)."""
     units = units if units is not None else load_units(store, record)
-    cases: dict[tuple[str, int], dict[str, Any]] = {}
-    for inf in record.inference:
-        cases[(inf.eval_id, inf.repetition)] = {
-            "eval_id": inf.eval_id, "repetition": inf.repetition,
-            "inference": inf.status, "inference_reused": inf.reused,
-            "efficiency": dict(inf.efficiency), "tokens": inf.tokens,
-            "tokens_by_model": dict(inf.tokens_by_model)}
     refs = record.units_by_case()  # each case's units read as its row is made
-    for key in refs:
-        cases.setdefault(key, {"eval_id": key[0], "repetition": key[1]})
+
+    def metrics(key: tuple[str, int]) -> dict[str, MetricResult]:
+        return {ref.metric_name: metric_result(ref, units[ref.unit_oid])
+                for ref in refs.get(key, ())}
+
+    def case_rows() -> Iterator[CaseResult]:
+        """Each case's row, in the record's order (then those with units but no inference:
+        imported records), made from its inference entry as it is read."""
+        inferred: set[tuple[str, int]] = set()
+        for inf in record.inference:
+            key = (inf.eval_id, inf.repetition)
+            inferred.add(key)
+            yield CaseResult(eval_id=inf.eval_id, repetition=inf.repetition,
+                             inference=inf.status, inference_reused=inf.reused,
+                             efficiency=dict(inf.efficiency), tokens=inf.tokens,
+                             tokens_by_model=dict(inf.tokens_by_model), metrics=metrics(key))
+        for key in refs:
+            if key not in inferred:
+                yield CaseResult(eval_id=key[0], repetition=key[1], metrics=metrics(key))
+
     # each case's row made and kept as its JSON before the next is made (Rows): a summary
-    # of 10,000 cases never holds its rows as models
-    rows = Rows(CaseResult, (CaseResult(**case, metrics={
-        ref.metric_name: metric_result(ref, units[ref.unit_oid]) for ref in refs.get(key, ())})
-        for key, case in cases.items()))
-    del cases, refs
+    # of 10,000 cases never holds its rows as models, nor the data of every case first
+    rows = Rows(CaseResult, case_rows())
     s = record.summary
     # the aggregates made, kept as rows and let go one at a time (as a list of dicts, ~175 MB
     # at 10,000 cases × 7 metrics); what the summary needs of them counted on the way
