@@ -185,10 +185,12 @@ def _place_once(tmp: str, path: str, sync: bool) -> bool:
     return True
 
 
-def write_replace(path: str, data: bytes, *, sync: bool = True, root: str | None = None) -> None:
-    """Atomically replace ``path`` with ``data`` (readers see old or new, never a mix); a
-    link at ``path`` itself is replaced, never written through (``root``: as for
-    :func:`write_once`)."""
+def write_replace(path: str, data: bytes | Iterable[bytes], *, sync: bool = True,
+                  root: str | None = None) -> None:
+    """Atomically replace ``path`` with ``data`` (its bytes, or its parts one after another;
+    readers see old or new, never a mix, nor a part: a failure while the parts come leaves
+    the old); a link at ``path`` itself is replaced, never written through (``root``: as
+    for :func:`write_once`)."""
     _confined(path, root, final=False)
     directory = os.path.dirname(path)
     tmp = _write_temp(directory, data, sync)

@@ -745,9 +745,11 @@ class Store:
 
     # -- mutable refs ---------------------------------------------------------------------
 
-    def put_ref(self, namespace: str, name: str, data: bytes, *, commit: bool = False,
-                content_type: str | None = None) -> None:
-        """Replace the ref ``namespace/name`` with ``data`` in one atomic write.
+    def put_ref(self, namespace: str, name: str, data: bytes | Iterable[bytes], *,
+                commit: bool = False, content_type: str | None = None) -> None:
+        """Replace the ref ``namespace/name`` with ``data`` in one atomic write. ``data``
+        may be its parts one after another (a page as it is rendered): a local store writes
+        them as they come, a bucket gets them whole in one request.
 
         ``commit=True`` (a run manifest) first makes every deferred write durable, then
         this ref: whatever a durable commit points at is durable too. ``content_type``: the
@@ -755,7 +757,7 @@ class Store:
         downloading as ``binary/octet-stream``); a local file has none.
         """
         rel = ref_rel(namespace, name)
-        data = as_bytes(data)
+        data = _bytes_or_parts(data)
         self._ensure_ready()
         if commit:
             self.flush()
@@ -764,19 +766,20 @@ class Store:
 
     # -- the browsable site (v1/site/) ------------------------------------------------------
 
-    def put_site(self, pages: Mapping[str, bytes], content_type: str) -> None:
+    def put_site(self, pages: Mapping[str, bytes | Iterable[bytes]], content_type: str) -> None:
         """Replace the files ``pages`` names (paths relative to ``v1/site/``, each segment a
-        safe id) with their bytes, typed ``content_type``: one concurrent batch on a bucket.
-        A static site for browsers, not data: nothing in evalsnap reads it back."""
-        items = {site_rel(path): as_bytes(data) for path, data in pages.items()}
+        safe id) with their bytes (or their parts, as :meth:`put_ref` takes them), typed
+        ``content_type``: one concurrent batch on a bucket. A static site for browsers, not
+        data: nothing in evalsnap reads it back."""
+        items = {site_rel(path): _bytes_or_parts(data) for path, data in pages.items()}
         self._ensure_ready()
         if not self._b.is_object_store:
             for rel, data in items.items():
                 self._write_whole(rel, data, f"writing {self._url(rel)}")
             return
         self._b.write_many(f"writing {len(items)} pages of the site to {self._url(SITE)}",
-                           {self._path(rel): data for rel, data in items.items()}, create=False,
-                           content_type=content_type)
+                           {self._path(rel): _whole(data) for rel, data in items.items()},
+                           create=False, content_type=content_type)
 
     def delete_site(self, directory: str) -> int:
         """Remove the pages under ``directory`` of the site (relative to ``v1/site/``; e.g. a
@@ -1022,8 +1025,8 @@ class Store:
         except PermissionError:
             pass  # may use objects without reading bucket metadata; real calls will tell
 
-    def _local(self, write: Callable[..., Any], rel: str, data: bytes, what: str,
-               durable: bool = False) -> Any:
+    def _local(self, write: Callable[..., Any], rel: str, data: bytes | Iterable[bytes],
+               what: str, durable: bool = False) -> Any:
         """Runs a local ``write`` (see :mod:`storage._local`) and returns what it returns."""
         sync = durable or self._durability == "each"
         self._b.requests.add("put")
@@ -1034,12 +1037,14 @@ class Store:
             self._deferred(self._path(rel))
         return result
 
-    def _write_whole(self, rel: str, data: bytes, what: str, durable: bool = False,
-                     content_type: str | None = None) -> None:
-        """Replace a mutable file in one atomic step."""
+    def _write_whole(self, rel: str, data: bytes | Iterable[bytes], what: str,
+                     durable: bool = False, content_type: str | None = None) -> None:
+        """Replace a mutable file in one atomic step (``data``: its bytes, or its parts,
+        written as they come on local disk)."""
         if self._b.protocol == "file":
             self._local(_local.write_replace, rel, data, what, durable)
             return
+        data = _whole(data)
         typed: dict[str, Any] = self._b.typed(content_type)
         try:
             self._b.call(what, "pipe_file", self._path(rel), data, nbytes=len(data), **typed)
@@ -1118,3 +1123,15 @@ def _mtime(entry: Mapping[str, Any]) -> float:
 def _rebuild(url: str, options: dict[str, str], timeout: float,
              durability: str = "each") -> Store:
     return Store(url, options, timeout=timeout, durability=durability)
+
+
+def _bytes_or_parts(data: bytes | Iterable[bytes]) -> bytes | Iterable[bytes]:
+    """``data`` as bytes (:func:`as_bytes`), or its parts as they are (an iterator of bytes,
+    not a str: a str is refused as :func:`as_bytes` refuses it)."""
+    if isinstance(data, bytes | bytearray | memoryview | str):
+        return as_bytes(data)  # type: ignore[arg-type]
+    return data
+
+
+def _whole(data: bytes | Iterable[bytes]) -> bytes:
+    return data if isinstance(data, bytes) else b"".join(as_bytes(part) for part in data)

@@ -34,7 +34,14 @@ from evalsnap.records import EvaluationRecord, repo
 from evalsnap.reports import _site_data as data
 from evalsnap.reports._site_data import CASE_RUNS, Current, RunRow, SetData, current, page_name
 from evalsnap.reports.history import flips, metric_names, runs_by_set
-from evalsnap.reports.html import _dots, duration_text, page_context, render_bytes, template
+from evalsnap.reports.html import (
+    _dots,
+    duration_text,
+    page_context,
+    render_bytes,
+    render_parts,
+    template,
+)
 from evalsnap.reports.summary_model import RecordResult
 
 __all__ = ["CONTENT_TYPE", "Current", "after_gc", "build", "current", "forget", "refresh",
@@ -150,16 +157,18 @@ def run_pages(store: Any, record_oid: str, record: EvaluationRecord, *,
     before the run, when known)."""
     pages: dict[str, bytes] = {}
     for batch in _run_page_batches(store, record_oid, record, context=context, earlier=earlier):
-        pages.update(batch)
+        pages.update((name, page if isinstance(page, bytes) else b"".join(page))
+                     for name, page in batch.items())
     return pages
 
 
 def _run_page_batches(store: Any, record_oid: str, record: EvaluationRecord, *,
                       context: dict[str, Any] | None = None,
-                      earlier: list[dict[str, Any]] | None = None) -> Iterator[dict[str, bytes]]:
+                      earlier: list[dict[str, Any]] | None = None
+                      ) -> Iterator[dict[str, bytes | Iterator[bytes]]]:
     """:func:`run_pages` in two batches, each made once the one before is let go: the case
-    pages, then the run's page (~30 MB at 10,000 cases, made once the case pages, ~11 MB,
-    are written)."""
+    pages, then the run's page (~40 MB at 10,000 cases, made once the case pages, ~11 MB,
+    are written), as its parts while it is rendered (:func:`~.html.render_parts`)."""
     ctx = context if context is not None else page_context(store, record_oid, record,
                                                            earlier=earlier)
     base, up = _run_dir(record.run_id), "../../"
@@ -171,7 +180,7 @@ def _run_page_batches(store: Any, record_oid: str, record: EvaluationRecord, *,
     for c in ctx["cases"].detailed():
         by_case.setdefault(c["case"]["eval_id"], []).append(c)  # repetitions share a page
     back = [("run " + record.run_id, "../index.html")] + [(label, "../" + href) for label, href in nav]
-    pages: dict[str, bytes] = {}
+    pages: dict[str, bytes | Iterator[bytes]] = {}
     ids = list(by_case)
     for start in range(0, len(ids), CASES_PER_PAGE):
         number = start // CASES_PER_PAGE + 1
@@ -189,8 +198,8 @@ def _run_page_batches(store: Any, record_oid: str, record: EvaluationRecord, *,
     del pages
     # every link of the site is relative (it opens from any base); the flow run's link is
     # on the stored report and the Prefect artifacts
-    yield {f"{base}/index.html": _render("report.html",
-                                         **{**ctx, "nav": nav, "flow_run_url": None})}
+    yield {f"{base}/index.html": render_parts(template("report.html"),
+                                              **{**ctx, "nav": nav, "flow_run_url": None})}
 
 
 def _case_anchor(eval_id: str) -> str:
