@@ -646,12 +646,14 @@ class Store:
         self._cache.put(object_rel(validate_kind(kind), oid), data)
         return True
 
-    def written_elsewhere(self, kind: str, oid: str, data: bytes) -> None:
+    def written_elsewhere(self, kind: str, oid: str, data: bytes, *, spare: bool = False
+                          ) -> None:
         """``data`` is object ``oid`` as another process of this run wrote it moments ago (a
-        scoring process's pack): known to be in the store, as if this instance wrote it."""
+        scoring process's pack): known to be in the store, as if this instance wrote it
+        (its bytes kept only where the read cache has room, if ``spare``)."""
         rel = object_rel(validate_kind(kind), oid)  # one string for both maps, not two
         if self._in_run and oid_of(data) == oid:
-            self._cache.put(rel, data)
+            self._cache.put(rel, data, spare=spare)
             self._learn(rel)
 
     def let_go(self, kind: str, oid: str) -> None:

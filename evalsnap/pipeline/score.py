@@ -224,9 +224,11 @@ def frozen_inferences(store: Store, snapshot_oid: str, snapshot: Snapshot,
                 for c in snapshot.cases if wanted is None or c.eval_id in wanted):
             return
         done.add(snapshot_oid)
-        for kind, oid, body in pack.members_of(store, snapshot.packs):
+        # kept as far as the read cache has room: past that (a large run) the records only
+        # pushed each other out, and a case's record is read again when it is scored
+        for kind, oid, body in pack.members_of(store, snapshot.packs, spare=True):
             if kind == "inference":
-                store.written_elsewhere(kind, oid, body)
+                store.written_elsewhere(kind, oid, body, spare=True)
 
 
 def units_lost(req: ScoreRequest, reason: str, ctx: RunContext) -> Rows[UnitOutcome]:
