@@ -254,6 +254,12 @@ class Store:
         self._cache.drop(rel)
 
     @property
+    def is_bucket(self) -> bool:
+        """An object store (S3, GCS): a request's latency is what concurrent reads
+        hide; on local disk a read waits for nothing they could overlap."""
+        return bool(self._b.is_object_store)
+
+    @property
     def requests(self) -> RequestCounts:
         """Requests this instance sent to the store, by kind (what a bucket bills)."""
         return self._b.requests

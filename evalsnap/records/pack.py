@@ -134,11 +134,15 @@ PACK_BATCH = 4
 def members_of(store: Store, pack_oids: list[str], *, spare: bool = False
                ) -> Iterator[tuple[str, str, bytes]]:
     """(kind, oid, bytes) of every member of the packs, read :data:`PACK_BATCH` at a time
+    from a bucket (one at a time from local disk)
     (:meth:`storage.Store.open_packs`: the members become readable as objects, kept in the
     read cache as far as it has room if ``spare``; the packs' bytes are let go); a pack
     that cannot be read is skipped (logged: what it holds is then looked for elsewhere)."""
-    for start in range(0, len(pack_oids), PACK_BATCH):
-        for got in store.open_packs(pack_oids[start:start + PACK_BATCH], spare=spare).values():
+    # on local disk one at a time: reading packs together hides no latency there, and each
+    # holds its bytes and its members (~8 MB each) until the batch is read
+    step = PACK_BATCH if store.is_bucket else 1
+    for start in range(0, len(pack_oids), step):
+        for got in store.open_packs(pack_oids[start:start + step], spare=spare).values():
             if isinstance(got, Exception):
                 continue
             for (kind, oid), data in got.items():
