@@ -15,6 +15,7 @@ another hash.
 
 from __future__ import annotations
 
+import threading
 from array import array
 from collections.abc import Hashable
 from typing import Generic, TypeVar, overload
@@ -31,11 +32,13 @@ V = TypeVar("V", bound=Hashable)
 
 
 class KeyNumbers:
-    """16-byte keys to numbers (0 … :data:`MAX_NUMBER`)."""
+    """16-byte keys to numbers (0 … :data:`MAX_NUMBER`); thread-safe (a store's maps are
+    read and written by the run's threads: a lookup must never see a half-grown table)."""
 
-    __slots__ = ("_keys", "_words", "_mask", "_filled", "_n")
+    __slots__ = ("_keys", "_words", "_mask", "_filled", "_n", "_lock")
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self._clear(8)
 
     def _clear(self, capacity: int) -> None:
@@ -62,32 +65,35 @@ class KeyNumbers:
             i = (i + 1) & mask
 
     def get_key(self, key: bytes) -> int | None:
-        i, found = self._find(key)
-        return self._words[i] - 1 if found else None
+        with self._lock:
+            i, found = self._find(key)
+            return self._words[i] - 1 if found else None
 
     def put_key(self, key: bytes, number: int) -> None:
         if not 0 <= number <= MAX_NUMBER:
             raise ValueError(f"a KeyNumbers number is 0 … {MAX_NUMBER}, not {number}")
         if len(key) != 16:
             raise ValueError(f"a KeyNumbers key is 16 bytes, not {len(key)}")
-        i, found = self._find(key)
-        if not found:
-            if not self._words[i]:
-                self._filled += 1
-            self._n += 1
-            self._keys[i * 16:i * 16 + 16] = key
-        self._words[i] = number + 1
-        if self._filled * 10 > (self._mask + 1) * 7:
-            self._grow()
+        with self._lock:
+            i, found = self._find(key)
+            if not found:
+                if not self._words[i]:
+                    self._filled += 1
+                self._n += 1
+                self._keys[i * 16:i * 16 + 16] = key
+            self._words[i] = number + 1
+            if self._filled * 10 > (self._mask + 1) * 7:
+                self._grow()
 
     def pop_key(self, key: bytes) -> int | None:
-        i, found = self._find(key)
-        if not found:
-            return None
-        number = self._words[i] - 1
-        self._words[i] = _GONE
-        self._n -= 1
-        return number
+        with self._lock:
+            i, found = self._find(key)
+            if not found:
+                return None
+            number = self._words[i] - 1
+            self._words[i] = _GONE
+            self._n -= 1
+            return number
 
     def _grow(self) -> None:
         """Slots enough for the entries to fill at most 35 % of them (removed ones left
@@ -111,9 +117,10 @@ class KeyNumbers:
 
     def items(self) -> list[tuple[bytes, int]]:
         """Every (key, number), in no particular order."""
-        keys = self._keys
-        return [(bytes(keys[i * 16:i * 16 + 16]), word - 1)
-                for i, word in enumerate(self._words) if word and word != _GONE]
+        with self._lock:
+            keys = self._keys
+            return [(bytes(keys[i * 16:i * 16 + 16]), word - 1)
+                    for i, word in enumerate(self._words) if word and word != _GONE]
 
     def __len__(self) -> int:
         return self._n
@@ -128,9 +135,10 @@ class KeyMap(Generic[V]):
     set): each distinct value is held once, each entry is its number. As a set of paths,
     :meth:`add` and :meth:`discard`."""
 
-    __slots__ = ("_numbers", "_values", "_number_of", "_last")
+    __slots__ = ("_numbers", "_values", "_number_of", "_last", "_lock")
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()  # a value's number is given once (two threads, one value)
         self._numbers = KeyNumbers()
         self._values: list[V] = []
         self._number_of: dict[V, int] = {}
@@ -163,7 +171,9 @@ class KeyMap(Generic[V]):
         return self._values[number]
 
     def __setitem__(self, text: str, value: V) -> None:
-        self._numbers.put_key(short_key(text), self._number(value))
+        key = short_key(text)
+        with self._lock:
+            self._numbers.put_key(key, self._number(value))
 
     def add(self, text: str) -> None:
         self[text] = None  # type: ignore[assignment]  # a set: KeyMap[None]

@@ -70,3 +70,34 @@ def test_a_number_out_of_range_is_refused(bad: int) -> None:
 def test_a_key_of_another_length_is_refused() -> None:
     with pytest.raises(ValueError, match="16 bytes"):
         KeyNumbers().put_key(b"short", 1)
+
+
+def test_threads_that_write_and_read_at_once_lose_nothing() -> None:
+    """A store's maps are written by the run's threads at once (inference, scoring tasks,
+    the event loop's reads): every entry is there after, none read wrong during."""
+    import sys
+    import threading
+
+    m: KeyMap[str] = KeyMap()
+    wrong: list[str] = []
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as they can
+
+    def work(t: int) -> None:
+        for i in range(3_000):
+            m[f"{t}/{i}"] = f"pack-{t}-{i % 7}"
+            got = m.get(f"{t}/{i // 2}")
+            if got != f"pack-{t}-{(i // 2) % 7}":
+                wrong.append(f"{t}/{i // 2}: {got}")
+
+    try:
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(6)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not wrong
+    assert len(m) == 6 * 3_000
+    assert all(m[f"{t}/{i}"] == f"pack-{t}-{i % 7}" for t in range(6) for i in range(3_000))
