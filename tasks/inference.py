@@ -8,6 +8,8 @@ fingerprints, and a batch that runs anyway finds every unchanged case in the ind
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
 from prefect import task
@@ -54,26 +56,47 @@ def infer_task(request: InferBatch) -> list[dict[str, Any]]:
     return [o.model_dump(mode="json") for o in outcomes]
 
 
-def run_inference(batches: list[InferBatch], progress: Any = None) -> Rows[InferenceOutcome]:
-    """Submits every batch, waits, and returns one outcome per case × repetition (as rows):
-    a batch whose task failed as a whole becomes failed inferences of its cases."""
+def run_inference(batches: Iterable[InferBatch], progress: Any = None) -> Rows[InferenceOutcome]:
+    """Submits the batches, a window of them at a time (:data:`WINDOW` per worker thread),
+    and returns one outcome per case × repetition (as rows), in the batches' order: a
+    batch whose task failed as a whole becomes failed inferences of its cases. Each batch's
+    outcomes are kept as rows, and the batch and its future let go, as soon as it and those
+    before it have run (30,000 cases submitted at once held every batch's cases and
+    outcomes until the last had run)."""
     outcomes = Rows(InferenceOutcome)
-    if not batches:
-        return outcomes
-    run = cached(infer_task, batches[0])
+    pending: deque[tuple[InferBatch, PrefectFuture[Any]]] = deque()
+    run: Any = None
+    window = 0
     with leftovers.reaped_after():  # processes the tools started end with the inference
-        futures: list[PrefectFuture[Any]] = [run.submit(b) for b in batches]
-        wait_tracked(futures, progress, weights=[len(b.items) for b in batches])
-    for batch, future in zip(batches, futures, strict=True):
-        if future.state.is_completed():
-            outcomes.extend(infer.with_identity(batch.items, future.result()))
-            continue
-        try:
-            future.result(raise_on_failure=True)
-            message = str(future.state.message)
-        except Exception as exc:  # noqa: BLE001 - the task's own error text is the reason
-            message = str(exc)
-        outcomes.extend(infer.record_failures(
-            batch, message, attempts=(infer_task.retries or 0) + 1,
-            store=context.of(batch.store_url).store))
+        for batch in batches:
+            if run is None:
+                run = cached(infer_task, batch)
+                window = WINDOW * context.of(batch.store_url).settings.max_workers
+            pending.append((batch, run.submit(batch)))
+            if len(pending) >= window:
+                _collect(*pending.popleft(), outcomes, progress)
+        while pending:
+            _collect(*pending.popleft(), outcomes, progress)
     return outcomes
+
+
+#: Inference batches submitted ahead, per worker thread of the task runner (the runner's
+#: queue never runs dry while the oldest batch is waited for).
+WINDOW = 4
+
+
+def _collect(batch: InferBatch, future: PrefectFuture[Any], outcomes: Rows[InferenceOutcome],
+             progress: Any) -> None:
+    """Waits for ``batch``'s task and adds its outcomes (or its cases as failed)."""
+    wait_tracked([future], progress, weights=[len(batch.items)])
+    if future.state.is_completed():
+        outcomes.extend(infer.with_identity(batch.items, future.result()))
+        return
+    try:
+        future.result(raise_on_failure=True)
+        message = str(future.state.message)
+    except Exception as exc:  # noqa: BLE001 - the task's own error text is the reason
+        message = str(exc)
+    outcomes.extend(infer.record_failures(
+        batch, message, attempts=(infer_task.retries or 0) + 1,
+        store=context.of(batch.store_url).store))

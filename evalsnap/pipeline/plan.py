@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -111,28 +111,40 @@ class Plan:
     # ---- the requests of one run, in pipeline order -----------------------------------
 
     def inference_batches(self, run: RunOptions,
-                          more: dict[str, range] | None = None) -> list[InferBatch]:
+                          more: dict[str, range] | None = None) -> Iterator[InferBatch]:
         """The run's inference, as batches of consecutive cases × repetitions (``more``:
-        only these repetitions of these cases, a round of ``--until-stable``)."""
+        only these repetitions of these cases, a round of ``--until-stable``), each made
+        when it is asked for: the batches of 30,000 cases (each case's JSON in its item)
+        were ~50 MB made before the first ran, held until the last had run."""
         assert self.agent is not None, "only an evaluate plan runs inference"
         identity = self.agent.identity
         wanted = more if more is not None else {c: range(self.repetitions) for c in self.case_ids}
-        items = []
-        for case_id, data in zip(self.eval_set.ids, self.eval_set.cases.json_items(), strict=True):
-            reps = wanted.get(case_id, ())
-            if reps:  # the selected cases, in the eval set's order (the order of case_ids)
-                case, text = EvalCase.model_validate_json(data), data.decode()
-                items += [InferItem(eval_id=case_id, repetition=rep, case_json=text,
-                                    fingerprint=inference_fingerprint(identity, case, rep))
-                          for rep in reps]
+        total = sum(len(wanted.get(c, ())) for c in self.eval_set.ids)
         s = self.context.settings
-        self.context.progress.expect("inference", len(items))
-        return [InferBatch(store_url=self.store_url, agent_dir=str(self.agent.path),
-                           agent_name=self.agent_name, framework=self.framework,
-                           eval_set_id=self.eval_set.eval_set_id,
-                           run_id=run.run_id, reuse=run.reuse, concurrency=run.concurrency,
-                           items=[items[i] for i in part])
-                for part in batches(len(items), s.max_workers, s.infer_batch)]
+        self.context.progress.expect("inference", total)
+        sizes = iter([len(part) for part in batches(total, s.max_workers, s.infer_batch)])
+
+        def items() -> Iterator[InferItem]:
+            for case_id, data in zip(self.eval_set.ids, self.eval_set.cases.json_items(),
+                                     strict=True):
+                reps = wanted.get(case_id, ())
+                if reps:  # the selected cases, in the eval set's order (that of case_ids)
+                    case, text = EvalCase.model_validate_json(data), data.decode()
+                    for rep in reps:
+                        yield InferItem(eval_id=case_id, repetition=rep, case_json=text,
+                                        fingerprint=inference_fingerprint(identity, case, rep))
+
+        part: list[InferItem] = []
+        size = next(sizes, 0)
+        for item in items():
+            part.append(item)
+            if len(part) == size:
+                yield InferBatch(store_url=self.store_url, agent_dir=str(self.agent.path),
+                                 agent_name=self.agent_name, framework=self.framework,
+                                 eval_set_id=self.eval_set.eval_set_id,
+                                 run_id=run.run_id, reuse=run.reuse,
+                                 concurrency=run.concurrency, items=part)
+                part, size = [], next(sizes, 0)
 
     def freeze_request(self, outcomes: Sequence[InferenceOutcome]) -> FreezeRequest:
         if self.agent is not None:
