@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from evalsnap.errors import CorruptRecordError
 from evalsnap.records import repo, segments
@@ -136,3 +138,28 @@ def test_entries_given_one_at_a_time_become_segments_a_few_at_a_time_all_found(
     for store in (writer, _store(tmp_path)):  # the writer reads back what it let go
         for n in range(10):
             assert [e["unit_oid"] for e in segments.unit_entries(store, f"{n:064x}")] == [_oid(n)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.lists(st.tuples(st.integers(0, 30),
+                                                                st.integers(0, 3)),
+                                                      max_size=12)), max_size=8))
+def test_the_judge_index_keeps_what_a_dict_of_the_newest_segment_keeps(segs) -> None:
+    """The compact judge index (~100 bytes an entry) answers as the dict it replaced: each
+    ref's oid and packs from the newest segment naming it (the first read, on a tie)."""
+    index = segments._JudgeIndex()
+    expected: dict[str, tuple[tuple[str, str], str, tuple[str, ...]]] = {}
+    for n, (age, entries) in enumerate(segs):
+        order = (f"2026-12-0{age}", f"judge-{n}")
+        packs = (f"sha256:{n:064x}",) * (n % 2)
+        number = index.segment(order, packs)
+        for ref, which in entries:
+            ref_hex, oid = f"{ref:064x}", f"sha256:{(ref * 7 + which):064x}"
+            index.put(ref_hex, oid, number)
+            old = expected.get(ref_hex)
+            if old is None or old[0] < order:
+                expected[ref_hex] = (order, oid, packs)
+    assert len(index) == len(expected)
+    for ref in range(31):
+        found = expected.get(f"{ref:064x}")
+        assert index.get(f"{ref:064x}") == (None if found is None else found[1:])

@@ -66,4 +66,5 @@ def freeze(req: FreezeRequest, store: Store) -> str:
                         created_at=now_iso())
     oid = repo.put(store, snapshot)
     store.flush()
+    repo.remember_snapshot(store, oid, snapshot)
     return oid
