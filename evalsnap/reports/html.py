@@ -22,7 +22,8 @@ from __future__ import annotations
 import functools
 import io
 import json
-from collections.abc import Iterator
+import marshal
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import jinja2
@@ -41,6 +42,7 @@ from evalsnap.reports.history import (
     save_point,
 )
 from evalsnap.reports.show import full_record
+from evalsnap.rows import Spool
 
 if TYPE_CHECKING:
     from evalsnap.reports.summary_model import RecordResult
@@ -306,13 +308,11 @@ _ROW_KEYS = ("status", "metric_status", "score", "gate_score", "threshold", "reu
              "reused_from_run", "why", "reason", "trace")
 
 
-def _row(case: dict[str, Any], verdict: str, case_changes: dict[str, str],
-         shared: dict[tuple, tuple]) -> tuple:
+def _row(case: dict[str, Any], verdict: str, case_changes: dict[str, str]) -> tuple:
     """A case the page does not detail as a compact row (what :func:`_row_case` makes its
-    values from): a page of 10,000 cases holds these, not 10,000 nested dicts, while it and
-    the site's run page are rendered. Equal units' values are one tuple (``shared``)."""
-    metrics = tuple(shared.setdefault(t, t) for t in (
-        (name, *(m.get(k) for k in _ROW_KEYS)) for name, m in case["metrics"].items()))
+    values from; :class:`CaseRows` keeps it as bytes): a page of 10,000 cases holds these,
+    not 10,000 nested dicts, while it and the site's run page are rendered."""
+    metrics = tuple((name, *(m.get(k) for k in _ROW_KEYS)) for name, m in case["metrics"].items())
     return (case["eval_id"], case["repetition"], verdict, case_changes,
             (case.get("tokens") or {}).get("total_tokens", "—"), metrics)
 
@@ -336,22 +336,40 @@ def _row_case(row: tuple) -> dict[str, Any]:
 class CaseRows:
     """A page's cases in its order, as the templates loop over them (``len`` and a loop,
     as often as needed): the detailed cases' values held (the site's run page links each
-    to its case page), the others' made from their compact :func:`_row` as the loop
-    reaches them and let go once rendered."""
+    to its case page), the others' compact :func:`_row` kept as bytes (``marshal``, this
+    process's own values: never read from a store), past a few MB in a temporary file
+    (:class:`~evalsnap.rows.Spool`), each made into its values as the loop reaches it and
+    let go once rendered (the rows of 30,000 cases as tuples were ~30 MB, held from the
+    page until the site's pages were written). Made from (rank, values) pairs in the
+    record's order: the page's order is by rank, then the record's."""
 
-    def __init__(self, items: list[dict[str, Any] | tuple]) -> None:
-        self._items = items
+    def __init__(self, ranked: Iterable[tuple[int, dict[str, Any] | tuple]]) -> None:
+        self._rows: dict[int, Spool] = {}  # by rank: each case as its row or its number
+        self._detailed: dict[int, list[dict[str, Any]]] = {}  # by rank
+        self._n = 0
+        for rank, item in ranked:
+            if isinstance(item, dict):
+                held = self._detailed.setdefault(rank, [])
+                held.append(item)
+                data = marshal.dumps(len(held) - 1)  # a detailed case: its number in held
+            else:
+                data = marshal.dumps(item)
+            self._rows.setdefault(rank, Spool()).extend((data,))
+            self._n += 1
 
     def __len__(self) -> int:
-        return len(self._items)
+        return self._n
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        for item in self._items:
-            yield item if isinstance(item, dict) else _row_case(item)
+        for rank in sorted(self._rows):
+            held = self._detailed.get(rank, [])
+            for data in self._rows[rank]:
+                item = marshal.loads(data)
+                yield held[item] if isinstance(item, int) else _row_case(item)
 
     def detailed(self) -> list[dict[str, Any]]:
         """The values of the cases the page details, in its order (held: not made again)."""
-        return [item for item in self._items if isinstance(item, dict)]
+        return [c for rank in sorted(self._detailed) for c in self._detailed[rank]]
 
 
 def _tokens(counts: dict[str, Any] | None) -> str:
@@ -540,25 +558,24 @@ def page_context(store: Any, record_oid: str, record: EvaluationRecord, *,
     rank = {"failed": 1, "incomplete": 2, "passed": 3}
     thresholds: dict[str, Any] = {}
     count = dict.fromkeys(rank, 0)
-    ranked: list[tuple[int, dict[str, Any] | tuple]] = []
-    shared: dict[tuple, tuple] = {}
     unchanged: dict[str, str] = {}  # one for every case without a change (read only)
-    # each case's page values made and its resolved values let go, one case at a time (a
-    # page of 10,000 cases held both whole, ~250 MB); a case not detailed as a compact row
-    for c in resolved:
-        key = (c["eval_id"], c["repetition"])
-        thresholds.update((n, m["threshold"]) for n, m in c["metrics"].items())
-        verdict = _verdict(c)
-        count[verdict] += 1
-        changes_ = by_case.get(key, unchanged)
-        ranked.append((0 if "regressed" in changes_.values() else
-                       1 if _failing(c) else rank[verdict],
-                       _case(c, verdict, changes_) if c.get("details", True)
-                       else _row(c, verdict, changes_, shared)))
-    del resolved, shared
-    ranked.sort(key=lambda r: r[0])  # stable: the record's order within a rank
-    cases = CaseRows([case for _, case in ranked])
-    del ranked
+    def ranked(resolved: Iterator[dict[str, Any]]) -> Iterator[tuple[int, dict[str, Any] | tuple]]:
+        """Each case's rank and page values, made and its resolved values let go one case
+        at a time (a page of 10,000 cases held both whole, ~250 MB); a case not detailed
+        as a compact row."""
+        for c in resolved:
+            key = (c["eval_id"], c["repetition"])
+            thresholds.update((n, m["threshold"]) for n, m in c["metrics"].items())
+            verdict = _verdict(c)
+            count[verdict] += 1
+            changes_ = by_case.get(key, unchanged)
+            yield (0 if "regressed" in changes_.values() else
+                   1 if _failing(c) else rank[verdict],
+                   _case(c, verdict, changes_) if c.get("details", True)
+                   else _row(c, verdict, changes_))
+
+    cases = CaseRows(ranked(resolved))
+    del resolved
     metrics = [{"name": n, "threshold": thresholds.get(n), "stats": current["metrics"][n],
                 "dots": _dots(n, points)} for n in metric_names([current])]
     return dict(
