@@ -48,8 +48,10 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                        "--repetitions", "2", "--reuse"), "run C")
     d = _ok(run_inproc("run", str(agent), str(evalset), "--store", store, "--json",
                        "--reuse", "--baseline", b["run_id"]), "run D")
+    e = _ok(run_inproc("run", str(agent), str(evalset), "--store", store, "--json",
+                       "--reuse"), "run E")  # D's units again: a no-op rerun
     return {"store": store, "runs": {"a": a["run_id"], "b": b["run_id"], "c": c["run_id"],
-                                     "d": d["run_id"]}}
+                                     "d": d["run_id"], "e": e["run_id"]}}
 
 
 def _open(made: dict[str, Any], name: str) -> tuple[Any, str, Any]:
@@ -111,6 +113,28 @@ def test_the_page_takes_the_records_summary_as_made(made: dict[str, Any], name: 
     before = real(store, base, repo.get(store, type(record), base), compare=False)
     assert compare(known, before) == compare(known.model_dump(mode="json"),
                                              before.model_dump(mode="json"))
+
+
+def test_a_rerun_of_the_same_units_has_no_changes_and_makes_no_summary(
+        made: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A no-op rerun (E: every unit D's) has nothing to compare with its parent: the page
+    finds no change without making either record's summary, as comparing them finds."""
+    from evalsnap.reports import summary as summaries
+    from evalsnap.reports.regressions import compare
+
+    store, oid, record = _open(made, "e")
+    _, d_oid, d = _open(made, "d")
+    assert record.parent_record == d_oid and record.baseline is None
+    assert html.same_units(record, d) and not html.same_units(d, _open(made, "b")[2])
+    found = compare(summaries.summary(store, oid, record, compare=False),
+                    summaries.summary(store, d_oid, d, compare=False))
+    assert not found["regressions"] and not found["fixes"]
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a summary was made")
+
+    monkeypatch.setattr(summaries, "summary", refused)
+    assert html.changes(store, oid, record, d_oid) == ({}, d.run_id)
 
 
 @pytest.mark.parametrize("name", ["a", "b", "c"])

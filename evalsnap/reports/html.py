@@ -182,6 +182,8 @@ def changes(store: Any, record_oid: str, record: EvaluationRecord,
         from evalsnap.reports.summary import summary
 
         base = repo.get(store, EvaluationRecord, baseline_oid)
+        if same_units(record, base):  # a rerun that reused everything: nothing can move
+            return {}, base.run_id
         # the cases and aggregates of each side are what compare reads (not their own
         # baseline comparisons, which would run the bootstrap once more per side)
         found = compare(known if known is not None else summary(store, record_oid, record,
@@ -193,6 +195,17 @@ def changes(store: Any, record_oid: str, record: EvaluationRecord,
     out = {(r["eval_id"], r["repetition"], r["metric"]): "regressed" for r in found["regressions"]}
     out.update({(r["eval_id"], r["repetition"], r["metric"]): "fixed" for r in found["fixes"]})
     return out, base_run
+
+
+def same_units(record: EvaluationRecord, other: EvaluationRecord) -> bool:
+    """Whether both records name the same unit object for each case × repetition × metric,
+    in the same order: then no unit moved between them (a unit's verdict is its object's,
+    and the aggregates are made of the units), and there is nothing to compare."""
+    if len(record.units) != len(other.units):
+        return False
+    return all((a.eval_id, a.repetition, a.metric_name, a.unit_oid)
+               == (b.eval_id, b.repetition, b.metric_name, b.unit_oid)
+               for a, b in zip(record.units, other.units, strict=True))
 
 
 def _dots(metric: str, points: list[dict[str, Any]], width: int = 170,
