@@ -8,6 +8,7 @@ fingerprints, and a batch that runs anyway finds every unchanged case in the ind
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
@@ -71,7 +72,7 @@ def run_inference(batches: Iterable[InferBatch], progress: Any = None) -> Rows[I
         for batch in batches:
             if run is None:
                 run = cached(infer_task, batch)
-                window = WINDOW * context.of(batch.store_url).settings.max_workers
+                window = _window(context.of(batch.store_url).settings.max_workers)
             pending.append((batch, run.submit(batch)))
             if len(pending) >= window:
                 _collect(*pending.popleft(), outcomes, progress)
@@ -83,6 +84,19 @@ def run_inference(batches: Iterable[InferBatch], progress: Any = None) -> Rows[I
 #: Inference batches submitted ahead, per worker thread of the task runner (the runner's
 #: queue never runs dry while the oldest batch is waited for).
 WINDOW = 4
+
+
+def _window(threads: int) -> int:
+    """How many batches are submitted ahead: :data:`WINDOW` per worker thread of the flow's
+    thread runner; all of them on another runner (a Dask cluster's workers, however many,
+    are kept busy as before)."""
+    from prefect.context import FlowRunContext
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    ctx = FlowRunContext.get()
+    runner = ctx.task_runner if ctx is not None else None
+    return WINDOW * threads if runner is None or isinstance(runner, ThreadPoolTaskRunner) \
+        else sys.maxsize
 
 
 def _collect(batch: InferBatch, future: PrefectFuture[Any], outcomes: Rows[InferenceOutcome],

@@ -67,3 +67,20 @@ def test_batches_are_made_a_window_ahead_and_outcomes_kept_in_order(tmp_path, mo
     assert len(made) == 2 * window and sorted(done) == made
     assert max(ahead) <= window, ahead  # never more than a window made and not run
     assert max(ahead) >= window - 1, ahead  # and the window is used (the workers never idle)
+
+
+def test_another_runner_gets_every_batch_at_once() -> None:
+    """On a runner other than the flow's thread pool (a Dask cluster of any size) every
+    batch is submitted at once, as before: a window sized by the threads would starve it."""
+    from prefect.task_runners import ProcessPoolTaskRunner
+
+    @flow(task_runner=ThreadPoolTaskRunner(max_workers=3))
+    def threads() -> int:
+        return inference._window(3)
+
+    @flow(task_runner=ProcessPoolTaskRunner(max_workers=1))
+    def processes() -> int:
+        return inference._window(3)
+
+    assert threads() == inference.WINDOW * 3
+    assert processes() > 10**9
