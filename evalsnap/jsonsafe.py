@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 #: What ``json.loads`` accepts that no JSON can hold again, besides the numbers
@@ -56,3 +57,68 @@ def strict_json(text: str) -> Any:
     except RecursionError:
         raise ValueError("it is nested too deeply") from None
     return raw
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def scan_object(text: str,
+                arrays: Mapping[str, Callable[[Iterator[tuple[Any, int, int]]], Any]]
+                ) -> dict[str, Any]:
+    """The top-level JSON object of ``text``, read a value at a time: the list of each key
+    of ``arrays`` is handed to that key's function as its items, one at a time (each item's
+    value and where its text starts and ends), and the function's result is that key's
+    value; every other value is parsed whole. Raises ``ValueError`` (``IndexError``,
+    ``RecursionError``) for anything that is not plain JSON of that shape, or that
+    ``json.loads`` would read otherwise (a key given twice, a trailing comma): the caller
+    then reads the text the one strict way, whose error says what is wrong. A text
+    :func:`needs_whole_check` says so is the caller's to refuse first."""
+    def space(i: int) -> int:
+        return _SPACE.match(text, i).end()  # type: ignore[union-attr]  # always matches
+
+    def items(i: int, end: list[int]) -> Iterator[tuple[Any, int, int]]:
+        while text[i] != "]":
+            start = i
+            value, i = STRICT_DECODER.raw_decode(text, i)
+            stop, i = i, space(i)
+            if text[i] == ",":
+                i = space(i + 1)
+                if text[i] == "]":
+                    raise ValueError("a trailing comma")
+            elif text[i] != "]":
+                raise ValueError("no comma")
+            yield value, start, stop
+        end.append(i + 1)
+
+    head: dict[str, Any] = {}
+    i = space(0)
+    if text[i] != "{":
+        raise ValueError("not an object")
+    i = space(i + 1)
+    while text[i] != "}":
+        if text[i] != '"':
+            raise ValueError("a key is not a string")
+        key, i = STRICT_DECODER.raw_decode(text, i)
+        i = space(i)
+        if text[i] != ":" or key in head:
+            raise ValueError("no colon, or a key given twice")
+        i = space(i + 1)
+        take = arrays.get(key)
+        if take is not None and text[i] == "[":
+            end: list[int] = []
+            head[key] = take(items(space(i + 1), end))
+            if not end:
+                raise ValueError(f"{key}: not every item was read")
+            i = end[0]
+        else:
+            head[key], i = STRICT_DECODER.raw_decode(text, i)
+        i = space(i)
+        if text[i] == ",":
+            i = space(i + 1)
+            if text[i] == "}":
+                raise ValueError("a trailing comma")
+        elif text[i] != "}":
+            raise ValueError("no comma")
+    if space(i + 1) != len(text):
+        raise ValueError("more after the object")
+    return head

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -20,8 +19,8 @@ from pydantic import ValidationError
 
 from evalsnap.errors import ConfigError, EvalSetError, InputFileError
 from evalsnap.jsonsafe import (
-    STRICT_DECODER,
     needs_whole_check,
+    scan_object,
     strict_json,  # re-exported: evalsnap.adk.evalset.strict_json
 )
 from evalsnap.rows import Rows
@@ -254,69 +253,37 @@ def load_eval_cases(path: str | Path, *, initial_session: dict[str, Any] | None 
     return EvalCases.of(_migrated(p, raw, initial_session))
 
 
-_SPACE = re.compile(r"[ \t\n\r]*")
 #: Cases validated, then added to the rows, at a time.
 _ROWS_BATCH = 256
 
 
 def _cases_streamed(text: str, where: str) -> EvalCases | None:
-    """An eval set object read a case at a time from its text: each case parsed, checked
-    and made a row before the next is parsed (the whole file parsed at once was ~10 times
-    its size in objects, ~300 MB at 30,000 cases, whose freed memory the run kept). None
-    for anything that is not a plain eval set object whose cases all pass: the one strict
-    read of the text then says what is wrong, as ever."""
+    """An eval set object read a case at a time from its text
+    (:func:`~evalsnap.jsonsafe.scan_object`): each case parsed, checked and made a row
+    before the next is parsed (the whole file parsed at once was ~10 times its size in
+    objects, ~300 MB at 30,000 cases, whose freed memory the run kept). None for anything
+    that is not a plain eval set object whose cases all pass: the one strict read of the
+    text then says what is wrong, as ever."""
     if needs_whole_check(text):
         return None
-
-    def space(i: int) -> int:
-        return _SPACE.match(text, i).end()  # type: ignore[union-attr]  # always matches
-
-    head: dict[str, Any] = {}
     rows: Rows[EvalCase] = Rows(EvalCase)
     checks = _CaseChecks(where)
-    try:
-        i = space(0)
-        if text[i] != "{":
-            return None
-        i = space(i + 1)
-        while text[i] != "}":
-            if text[i] != '"':
-                return None
-            key, i = STRICT_DECODER.raw_decode(text, i)
-            i = space(i)
-            if text[i] != ":" or key in head:  # a key given twice: JSON keeps the last
-                return None
-            i = space(i + 1)
-            if key == "eval_cases" and text[i] == "[":
-                head[key], i = [], space(i + 1)
-                batch: list[EvalCase] = []
-                while text[i] != "]":
-                    item, i = STRICT_DECODER.raw_decode(text, i)
-                    _check_spellings(item, where)
-                    batch.append(case := EvalCase.model_validate(item))
-                    checks.add(case)
-                    if len(batch) >= _ROWS_BATCH:
-                        rows.extend(batch)
-                        batch.clear()
-                    i = space(i)
-                    if text[i] == ",":
-                        i = space(i + 1)
-                        if text[i] == "]":
-                            return None  # a trailing comma is not JSON
-                    elif text[i] != "]":
-                        return None
+
+    def take(items: Iterator[tuple[Any, int, int]]) -> list[Any]:
+        batch: list[EvalCase] = []
+        for item, _, _ in items:
+            _check_spellings(item, where)
+            batch.append(case := EvalCase.model_validate(item))
+            checks.add(case)
+            if len(batch) >= _ROWS_BATCH:
                 rows.extend(batch)
-                i += 1
-            else:
-                head[key], i = STRICT_DECODER.raw_decode(text, i)
-            i = space(i)
-            if text[i] == ",":
-                i = space(i + 1)
-                if text[i] == "}":
-                    return None
-            elif text[i] != "}":
-                return None
-        if space(i + 1) != len(text) or "eval_cases" not in head:
+                batch.clear()
+        rows.extend(batch)
+        return []  # the header's: an EvalSet without its cases
+
+    try:
+        head = scan_object(text, {"eval_cases": take})
+        if "eval_cases" not in head:
             return None
         _check_spellings(head, where)
         header = EvalSet.model_validate(head)

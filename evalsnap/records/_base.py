@@ -9,7 +9,6 @@ nesting too deep to parse, a number too long, bigger than the reader allows) is 
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections.abc import Iterator
 from typing import Annotated, Any, ClassVar, Self
@@ -17,7 +16,7 @@ from typing import Annotated, Any, ClassVar, Self
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, model_validator
 
 from evalsnap.errors import CorruptRecordError, EvalsnapError, UnsupportedSchemaVersion
-from evalsnap.jsonsafe import STRICT_DECODER, needs_whole_check, strict_json
+from evalsnap.jsonsafe import needs_whole_check, scan_object, strict_json
 from evalsnap.rows import Rows
 
 __all__ = ["CaseRepetition", "CorruptRecordError", "FrozenModel", "StoredModel", "first_problem",
@@ -206,62 +205,28 @@ def first_problem(exc: ValidationError) -> str:
     return f"{first.get('msg')} at {where if len(where) <= 120 else where[:117] + '...'}"
 
 
-_SPACE = re.compile(r"[ \t\n\r]*")
 #: Items validated, then added to the rows, at a time.
 _BATCH = 256
 
 
 def _with_rows(text: str, rows: dict[str, type[FrozenModel]]) -> dict[str, Any]:
     """A stored object's top-level JSON object, each of its ``rows`` fields (a list) as
-    :class:`Rows` of that model, an item parsed, checked and let go at a time;
-    ``ValueError``/``IndexError``/``ValidationError`` for anything that is not plain JSON of
-    that shape (the caller then reads it the strict way)."""
-    def space(i: int) -> int:
-        return _SPACE.match(text, i).end()  # type: ignore[union-attr]  # always matches
+    :class:`Rows` of that model, an item parsed, checked and let go at a time
+    (:func:`~evalsnap.jsonsafe.scan_object`); ``ValueError``/``IndexError``/
+    ``ValidationError`` for anything that is not plain JSON of that shape (the caller then
+    reads it the strict way)."""
+    def rows_of(model: type[FrozenModel]) -> Any:
+        def take(items: Iterator[tuple[Any, int, int]]) -> Rows[Any]:
+            found: Rows[Any] = Rows(model)
+            batch: list[bytes] = []
+            for value, start, end in items:
+                model.model_validate(value)  # checked; the row is the item's own JSON
+                batch.append(text[start:end].encode())
+                if len(batch) >= _BATCH:
+                    found.extend_json(batch)
+                    batch.clear()
+            found.extend_json(batch)
+            return found
+        return take
 
-    head: dict[str, Any] = {}
-    i = space(0)
-    if text[i] != "{":
-        raise ValueError("not an object")
-    i = space(i + 1)
-    while text[i] != "}":
-        if text[i] != '"':
-            raise ValueError("a key is not a string")
-        key, i = STRICT_DECODER.raw_decode(text, i)
-        i = space(i)
-        if text[i] != ":":
-            raise ValueError("no colon")
-        i = space(i + 1)
-        model = rows.get(key)
-        if model is not None and text[i] == "[":
-            head[key], i = _rows(text, space(i + 1), space, model)
-        else:
-            head[key], i = STRICT_DECODER.raw_decode(text, i)
-        i = space(i)
-        if text[i] == ",":
-            i = space(i + 1)
-        elif text[i] != "}":
-            raise ValueError("no comma")
-    if space(i + 1) != len(text):
-        raise ValueError("more after the object")
-    return head
-
-
-def _rows(text: str, i: int, space: Any, model: type[FrozenModel]) -> tuple[Rows[Any], int]:
-    rows: Rows[Any] = Rows(model)
-    batch: list[bytes] = []
-    while text[i] != "]":
-        start = i
-        value, i = STRICT_DECODER.raw_decode(text, i)
-        model.model_validate(value)  # checked; the row is the item's own JSON, as stored
-        batch.append(text[start:i].encode())
-        if len(batch) >= _BATCH:
-            rows.extend_json(batch)
-            batch.clear()
-        i = space(i)
-        if text[i] == ",":
-            i = space(i + 1)
-        elif text[i] != "]":
-            raise ValueError("no comma")
-    rows.extend_json(batch)
-    return rows, i + 1
+    return scan_object(text, {key: rows_of(model) for key, model in rows.items()})
