@@ -23,7 +23,7 @@ import functools
 import io
 import json
 import marshal
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import jinja2
@@ -71,12 +71,34 @@ def _environment() -> jinja2.Environment:
         finalize=lambda value: "" if value is None else value,  # as str(None) never shows
         keep_trailing_newline=True)
     env.filters.update(num=num, pct=pct, text=lambda v: "" if v is None else str(v))
+    env.globals["once"] = _once
     return env
+
+
+def _once(case: dict[str, Any], key: str, part: Callable[..., Any], *args: Any) -> Any:
+    """``part(*args)`` (a macro's markup) for a case the page details, made once per case
+    and ``key``: its conversation and judge ledger are on the stored page, the site's run
+    page and its case page, and are rendered once for the three (~60 KB a case, at most
+    ``EVALSNAP_REPORT_DETAIL_CASES`` of them, held while the run's pages are made)."""
+    if not case.get("details"):
+        return part(*args)
+    made = case.setdefault("_html", {})
+    if key not in made:
+        made[key] = part(*args)
+    return made[key]
 
 
 def template(name: str = "report.html") -> jinja2.Template:
     """A page template of ``templates/`` (the site's pages share its macros and style)."""
     return _environment().get_template(name)
+
+
+def compile_templates() -> None:
+    """Compiles every page template now: jinja compiles one on its first use (~0.15 s of a
+    run's publish), which the CLI does instead while it waits for Prefect's temporary API."""
+    env = _environment()
+    for name in env.list_templates(extensions=["html"]):
+        env.get_template(name)
 
 
 def render_parts(page: jinja2.Template, **values: Any) -> Iterator[bytes]:
