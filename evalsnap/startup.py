@@ -232,7 +232,7 @@ def _wait_and_warm(api_url: str, process: Any, timeout: float = 90.0) -> None:
             request = urllib.request.Request(api_url + path, data=body, method=method,
                                              headers={"Content-Type": "application/json"})
             try:
-                with urllib.request.urlopen(request, timeout=30) as response:
+                with urllib.request.urlopen(request, timeout=10) as response:
                     response.read()
             except OSError:
                 break  # only a warm-up: the flow's own first call reports real problems

@@ -230,7 +230,10 @@ def _load_ahead(spec: RunSpec) -> None:
 
     importlib.import_module("flows.rescore" if spec.kind == "rescore" else "flows.evaluate")
     if startup.api_starting():
-        compile_templates()
+        try:
+            compile_templates()
+        except Exception:  # noqa: BLE001 - only ahead of time: publish reports a bad page
+            pass
 
 
 def _in_this_process(spec: RunSpec, preload: list[str], **kwargs: Any) -> Summary:
