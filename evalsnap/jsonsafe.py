@@ -76,17 +76,23 @@ def scan_object(text: str,
     def space(i: int) -> int:
         return _SPACE.match(text, i).end()  # type: ignore[union-attr]  # always matches
 
+    def next_value(i: int, close: str) -> int:
+        """Where the next value starts after one that ended at ``i``, or the ``close``
+        bracket: a comma between values, none before the bracket."""
+        i = space(i)
+        if text[i] == ",":
+            i = space(i + 1)
+            if text[i] == close:
+                raise ValueError("a trailing comma")
+        elif text[i] != close:
+            raise ValueError("no comma")
+        return i
+
     def items(i: int, end: list[int]) -> Iterator[tuple[Any, int, int]]:
         while text[i] != "]":
             start = i
-            value, i = STRICT_DECODER.raw_decode(text, i)
-            stop, i = i, space(i)
-            if text[i] == ",":
-                i = space(i + 1)
-                if text[i] == "]":
-                    raise ValueError("a trailing comma")
-            elif text[i] != "]":
-                raise ValueError("no comma")
+            value, stop = STRICT_DECODER.raw_decode(text, i)
+            i = next_value(stop, "]")
             yield value, start, stop
         end.append(i + 1)
 
@@ -112,13 +118,7 @@ def scan_object(text: str,
             i = end[0]
         else:
             head[key], i = STRICT_DECODER.raw_decode(text, i)
-        i = space(i)
-        if text[i] == ",":
-            i = space(i + 1)
-            if text[i] == "}":
-                raise ValueError("a trailing comma")
-        elif text[i] != "}":
-            raise ValueError("no comma")
+        i = next_value(i, "}")
     if space(i + 1) != len(text):
         raise ValueError("more after the object")
     return head
