@@ -149,8 +149,13 @@ def evaluate(
 
 def _evaluate(plan: Plan, run: RunOptions, runner: str) -> RecordResult:
     """One eval set: inference → freeze → score → publish."""
-    progress = RunProgress(plan.inference_total + len(plan.metric_names) + 1,
-                           f"{plan.eval_set.eval_set_id}: inference, scoring, publish")
+    with RunProgress(plan.inference_total + len(plan.metric_names) + 1,
+                     f"{plan.eval_set.eval_set_id}: inference, scoring, publish") as progress:
+        return _stages(plan, run, runner, progress)
+
+
+def _stages(plan: Plan, run: RunOptions, runner: str, progress: RunProgress) -> RecordResult:
+    """:func:`_evaluate`'s tasks, their progress in ``progress``."""
     if run.reuse and not run.force:  # prove in bulk what the previous record implies
         hints.prime(plan.context.store, plan.eval_set.eval_set_id)  # once (maybe prepared)
     with scoring_pool(plan, run, runner) as pool:

@@ -97,9 +97,9 @@ def rescore(
         run = spec.run_options()
         tag_flow_run("evalsnap", f"evalset:{plan.eval_set.eval_set_id}")
         rename_flow_run(f"rescore-{plan.eval_set.eval_set_id}", plan.coverage().full)
-        progress = RunProgress(len(plan.metric_names) + 1,
-                               f"{plan.eval_set.eval_set_id}: rescoring, publish")
-        with runners.task_runner_scope(spec.task_runner, spec.dask_address, ctx.settings):
+        with RunProgress(len(plan.metric_names) + 1,
+                         f"{plan.eval_set.eval_set_id}: rescoring, publish") as progress, \
+                runners.task_runner_scope(spec.task_runner, spec.dask_address, ctx.settings):
             if run.reuse and not run.force:  # prove in bulk what the previous record implies
                 hints.prime(ctx.store, plan.eval_set.eval_set_id)
             outcomes = plan.source_outcomes  # the frozen inference: the agent is never called
@@ -109,5 +109,5 @@ def rescore(
             request = plan.publish_request(run, snapshot_oid, outcomes, units)
             del units  # the request's now: publish lets them go once the record has them
             result = publish_task(as_data(request))
-        progress.advance()  # published
+            progress.advance()  # published
         return finish(result, spec.fail_on, plan.store_url, ctx)

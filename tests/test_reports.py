@@ -502,3 +502,19 @@ def test_the_scores_table_artifact_is_bounded_and_shows_what_did_not_pass_first(
     assert total == 80 and len(rows) == 15 and len(failed) == 10
     assert rows[:10] == failed and rows[10:] == [r for r in every if r["status"] == "PASSED"][:5]
     assert table_rows(result, limit=5)[0] == failed[:5]
+
+
+def test_a_dicts_keys_read_as_jinja_reads_them() -> None:
+    """The page environment reads ``x.name`` of a dict as its key at once (not after a
+    failed ``getattr``): what a template gets is what plain jinja gives, methods included."""
+    import jinja2
+
+    from evalsnap.reports.html import _environment
+
+    source = ("{{ d.status }}|{{ d.missing }}|{{ d.items is callable }}|{{ d['items'] }}|"
+              "{{ d.get('status') }}|{{ o.real }}|{{ d.x.y }}")
+    values = {"d": {"status": "<b>PASSED</b>", "items": "a key", "x": {"y": 2}}, "o": 3}
+    ours = _environment().from_string(source).render(**values)
+    plain = jinja2.Environment(autoescape=True, finalize=lambda v: "" if v is None else v
+                               ).from_string(source).render(**values)
+    assert ours == plain == "&lt;b&gt;PASSED&lt;/b&gt;||True|a key|&lt;b&gt;PASSED&lt;/b&gt;|3|2"

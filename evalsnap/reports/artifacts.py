@@ -223,18 +223,40 @@ def publish_artifacts(result: RecordResult, store_url: str | None = None) -> dic
 
 
 class RunProgress:
-    """A progress artifact of a flow run: created once, updated as futures complete."""
+    """A progress artifact of a flow run: created once, updated as futures complete.
+
+    The API calls are made by a thread of its own (with the flow's context), the newest
+    percentage only: a run waits for none of them (each is one to a few tenths of a second
+    on a temporary API, and a no-op rerun is over in seconds). :meth:`close` (or leaving
+    its ``with``) sends what is left: the finished run's 100 %."""
+
+    #: One API call per completed task would cost more than the task at scale.
+    MIN_INTERVAL_S = 1.0
+    #: How long :meth:`close` waits for the last update (an API that stopped answering).
+    CLOSE_TIMEOUT_S = 10.0
 
     def __init__(self, total: int, description: str) -> None:
+        import contextvars
+        import threading
+
         self.total = max(total, 1)
         self.done = 0
         self.artifact_id: Any = None
-        try:
-            from prefect.artifacts import create_progress_artifact
+        self._description = description
+        self._last_push = 0.0
+        self._wanted: float | None = None  # the newest percentage not sent yet
+        self._closing = False
+        self._cond = threading.Condition()
+        context = contextvars.copy_context()  # the flow run's (its client, its settings)
+        self._thread = threading.Thread(target=context.run, args=(self._send_all,),
+                                        name="evalsnap-progress", daemon=True)
+        self._thread.start()
 
-            self.artifact_id = create_progress_artifact(0.0, description=description)
-        except Exception as exc:  # noqa: BLE001 - progress is cosmetic
-            logger.warning("could not create the progress artifact: %s", exc)
+    def __enter__(self) -> RunProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def percent(self) -> float:
@@ -249,22 +271,44 @@ class RunProgress:
         self.done += n
         self._push()
 
-    #: One API call per completed task would cost more than the task at scale.
-    MIN_INTERVAL_S = 1.0
-
     def _push(self) -> None:
-        if self.artifact_id is None:
-            return
         import time
 
         now = time.monotonic()
         final = self.done >= self.total
-        if not final and now - getattr(self, "_last_push", 0.0) < self.MIN_INTERVAL_S:
+        if not final and now - self._last_push < self.MIN_INTERVAL_S:
             return
         self._last_push = now
-        try:
-            from prefect.artifacts import update_progress_artifact
+        with self._cond:
+            self._wanted = self.percent
+            self._cond.notify()
 
-            update_progress_artifact(self.artifact_id, self.percent)
-        except Exception as exc:  # noqa: BLE001
-            logger.warning("could not update the progress artifact: %s", exc)
+    def close(self) -> None:
+        """Sends the last percentage, if not sent yet (waits at most
+        :data:`CLOSE_TIMEOUT_S`), and stops the thread."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join(self.CLOSE_TIMEOUT_S)
+
+    def _send_all(self) -> None:
+        try:
+            from prefect.artifacts import create_progress_artifact
+
+            self.artifact_id = create_progress_artifact(0.0, description=self._description)
+        except Exception as exc:  # noqa: BLE001 - progress is cosmetic
+            logger.warning("could not create the progress artifact: %s", exc)
+            return
+        while True:
+            with self._cond:
+                while self._wanted is None and not self._closing:
+                    self._cond.wait()
+                wanted, self._wanted = self._wanted, None
+                if wanted is None:  # closing, nothing left to send
+                    return
+            try:
+                from prefect.artifacts import update_progress_artifact
+
+                update_progress_artifact(self.artifact_id, wanted)
+            except Exception as exc:  # noqa: BLE001
+                logger.warning("could not update the progress artifact: %s", exc)

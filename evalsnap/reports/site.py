@@ -141,10 +141,12 @@ def _case_history(s: SetData) -> dict[str, Any]:
     for stable, minus_flips, case, metric in ranked[:CASE_LINES]:
         statuses, disagreed = cells(case, metric)
         lines.append({"eval_id": case, "metric": metric, "flips": -minus_flips,
-                      "cells": [{"status": x, "letter": _LETTERS.get(x or "", "?") + ("~" if d else "")}
-                                for x, d in zip(statuses, disagreed, strict=True)],
+                      # (status, letter) per run: the page renders each distinct line of
+                      # them once (most lines of a stable set are alike)
+                      "cells": tuple((x, _LETTERS.get(x or "", "?") + ("~" if d else ""))
+                                     for x, d in zip(statuses, disagreed, strict=True)),
                       "flaky": not stable})
-    return {"runs": [_row(r, "../../") for r in runs], "lines": lines,
+    return {"runs": [_row(r, "../../") for r in runs], "lines": lines, "made": {},
             "n_flaky": sum(not stable for stable, *_ in ranked), "n_lines": len(ranked)}
 
 
