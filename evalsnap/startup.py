@@ -10,8 +10,9 @@ evalsnap owns the process:
 
 The tricks:
 
-* **Prefect's temporary API, early.** The CLI starts Prefect's own ephemeral server (the same
-  uvicorn command) before its heavy imports, so the server's seconds of start-up overlap them
+* **Prefect's temporary API, early.** The CLI starts Prefect's own ephemeral server (its app
+  under uvicorn, :mod:`evalsnap._tempapi`) before its heavy imports, so the server's seconds of
+  start-up overlap them
   (:func:`prestart_for_command`), in a child that dies with the CLI (:func:`module_command`).
 * **Deferred imports** of ADK's heavy optional dependencies (:func:`install`), and optional
   imports that fail fast once they have failed (:func:`remember_missing`); both live in
@@ -162,7 +163,7 @@ def _free_port() -> int:
 def prestart_ephemeral_api() -> None:
     """Starts a temporary local Prefect API in the background when none is configured.
 
-    This is Prefect's own ephemeral server (the same uvicorn command, SQLite under
+    This is Prefect's own ephemeral server (its app under uvicorn, SQLite under
     ``PREFECT_HOME``), started by evalsnap instead of by the first flow call, for two
     reasons: its seconds of start-up overlap with ADK's imports, and this process never
     imports Prefect's server package (FastAPI app, ORM), which would compete for the GIL.
@@ -197,10 +198,9 @@ def prestart_ephemeral_api() -> None:
            "PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false"}
     # dies with this process even when it is killed (no exit handler runs then)
     _server = subprocess.Popen(
-        module_command("uvicorn", "--app-dir", os.path.dirname(os.path.dirname(spec.origin)),
-                       "--factory", "prefect.server.api.server:create_app",
-                       "--host", "127.0.0.1", "--port", str(port),
-                       "--log-level", "error", "--lifespan", "on"),
+        # Prefect's server app under uvicorn, its automation services only for automations
+        # (evalsnap._tempapi)
+        module_command("evalsnap._tempapi", "127.0.0.1", str(port)),
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=_server_log)
     atexit.register(_stop_server)
     _api_url = f"http://127.0.0.1:{port}/api"

@@ -1,0 +1,87 @@
+"""The temporary Prefect API the CLI starts (:func:`evalsnap.startup.prestart_ephemeral_api`):
+Prefect's own server app (``prefect.server.api.server:create_app`` under uvicorn, as
+Prefect's ephemeral server runs it), run as ``python -m evalsnap._tempapi HOST PORT``.
+
+One difference: Prefect's automation services (*triggers* and *actions*) start only when the
+API's database holds an enabled automation. They are a third of a second of the server's
+start-up, and a temporary API's database rarely holds one (a user who created automations
+without a server, with ``prefect automation create`` on the ephemeral API, keeps them: they
+are in that database, and then the services start). ``PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED``
+(or Prefect's older ``PREFECT_API_SERVICES_TRIGGERS_ENABLED``) in the environment is
+followed as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+_TRIGGER_SWITCHES = ("PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED",
+                     "PREFECT_API_SERVICES_TRIGGERS_ENABLED")
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file of a ``sqlite`` database URL (``sqlite+aiosqlite:///path``), else None (an
+    in-memory database, or another kind)."""
+    for prefix in ("sqlite+aiosqlite:///", "sqlite:///"):
+        if url.startswith(prefix):
+            path = url[len(prefix):].split("?", 1)[0]
+            return path if path and path != ":memory:" else None
+    return None
+
+
+def holds_automations(path: str) -> bool:
+    """Whether the SQLite database at ``path`` may hold an enabled automation: True unless a
+    read-only look says none (no file yet: none)."""
+    import sqlite3
+
+    if not os.path.exists(path):
+        return False
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=2) as db:
+            row = db.execute("SELECT 1 FROM automation WHERE enabled LIMIT 1").fetchone()
+    except sqlite3.Error as exc:
+        # a database Prefect has not made its tables in yet has none; anything else: maybe
+        return "no such table" not in str(exc)
+    return row is not None
+
+
+def automations_wanted(settings: Any, environ: Any = os.environ) -> bool:
+    """Whether this temporary API starts Prefect's triggers and actions services."""
+    if any(name in environ for name in _TRIGGER_SWITCHES):
+        return bool(settings.server.services.triggers.enabled)  # as the user says
+    if not settings.server.services.triggers.enabled:
+        return False
+    url = settings.server.database.connection_url
+    path = sqlite_path(url.get_secret_value() if hasattr(url, "get_secret_value") else str(url))
+    return path is None or holds_automations(path)
+
+
+def _without_automations(settings: Any) -> Any:
+    services = settings.server.services
+    triggers = services.triggers.model_copy(update={"enabled": False})
+    server = settings.server.model_copy(update={
+        "services": services.model_copy(update={"triggers": triggers})})
+    return settings.model_copy(update={"server": server})
+
+
+def main(argv: list[str]) -> None:
+    host, port = argv
+    from prefect.context import SettingsContext
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    if not automations_wanted(settings):
+        # for the rest of this process: uvicorn's loop, its lifespan and requests run in
+        # copies of this thread's context
+        SettingsContext(profile=SettingsContext.get().profile,
+                        settings=_without_automations(settings)).__enter__()
+    import uvicorn
+
+    uvicorn.run("prefect.server.api.server:create_app", factory=True, host=host,
+                port=int(port), log_level="error", lifespan="on")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
