@@ -72,10 +72,11 @@ def main(argv: list[str]) -> None:
     from prefect.settings import get_current_settings
 
     settings = get_current_settings()
-    if not automations_wanted(settings):
+    current = SettingsContext.get()
+    if current is not None and not automations_wanted(settings):
         # for the rest of this process: uvicorn's loop, its lifespan and requests run in
         # copies of this thread's context
-        SettingsContext(profile=SettingsContext.get().profile,
+        SettingsContext(profile=current.profile,
                         settings=_without_automations(settings)).__enter__()
     import uvicorn
 
