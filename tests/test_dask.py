@@ -46,31 +46,6 @@ def test_runner_choice():
         resolve_runner("threads", "tcp://sched:8786")
 
 
-def test_the_thread_runner_starts_its_threads_with_the_flow():
-    """The default runner's pool has its threads when the flow enters it (a submit then
-    waits for none to start); a pool at its bound, or of another kind, is left as it is."""
-    import pickle
-    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-
-    from evalsnap.pipeline.runners import start_threads, thread_runner
-
-    runner = thread_runner()
-    with runner:
-        assert len(runner._executor._threads) == runner._max_workers == 8
-        names = set(runner._executor.submit(
-            lambda: __import__("threading").current_thread().name).result() for _ in range(20))
-        assert len(names) <= 8
-    assert type(pickle.loads(pickle.dumps(runner))) is type(runner)
-    assert type(runner.duplicate()) is type(runner)
-    pool = ThreadPoolExecutor(max_workers=3)
-    assert start_threads(pool, 16) == 3
-    assert start_threads(pool, 16) == 3  # none more than its bound
-    pool.shutdown()
-    assert start_threads(ThreadPoolExecutor(max_workers=4), 2) == 2
-    assert start_threads(ProcessPoolExecutor(max_workers=1), 4) == 0
-    assert start_threads(None, 4) == 0
-
-
 def test_dask_local_cluster_matches_threads(shop_copy, tmp_path, monkeypatch):
     pytest.importorskip("prefect_dask")
     from prefect_dask import DaskTaskRunner

@@ -64,61 +64,10 @@ def cpu_slot() -> Iterator[None]:
 
 
 def thread_runner() -> Any:
-    """The default runner: a bounded thread pool (Prefect's own default is unbounded), its
-    threads started with the flow (:func:`_started_runner`)."""
-    return _started_runner()(max_workers=settings.get().max_workers)
-
-
-#: Threads of the default runner started with the flow, at most.
-PRESTARTED_THREADS = 16
-
-
-@functools.cache
-def _started_runner() -> type:
-    """Prefect's ``ThreadPoolTaskRunner``, whose pool starts its threads when the flow
-    enters it. A pool starts a thread per ``submit`` while none is idle, and ``Thread.start``
-    waits for the new thread to run: with the tasks submitted before it busy on the GIL,
-    that took ~35 ms per scoring task of a no-op rerun (0.2 s of its ~8). When the flow
-    starts, nothing else runs yet."""
+    """The default runner: a bounded thread pool (Prefect's own default is unbounded)."""
     from prefect.task_runners import ThreadPoolTaskRunner
 
-    class StartedThreadPoolTaskRunner(ThreadPoolTaskRunner):  # type: ignore[misc, type-arg]
-        def __enter__(self) -> Any:
-            runner = super().__enter__()
-            start_threads(getattr(self, "_executor", None), PRESTARTED_THREADS)
-            return runner
-
-    StartedThreadPoolTaskRunner.__module__ = __name__
-    StartedThreadPoolTaskRunner.__qualname__ = "StartedThreadPoolTaskRunner"
-    return StartedThreadPoolTaskRunner
-
-
-def __getattr__(name: str) -> Any:
-    """``StartedThreadPoolTaskRunner`` by name (pickle finds the class there), made on first
-    use: importing this module does not import Prefect."""
-    if name == "StartedThreadPoolTaskRunner":
-        return _started_runner()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def start_threads(executor: Any, most: int, timeout: float = 5.0) -> int:
-    """Starts up to ``most`` threads of a new ``ThreadPoolExecutor`` now (each waits until
-    all have started, so that each is a thread of its own); returns how many it has. Anything
-    else (no executor, a pool of another kind) is left as it is."""
-    from concurrent.futures import ThreadPoolExecutor, wait
-
-    if not isinstance(executor, ThreadPoolExecutor):
-        return 0
-    n = min(most, getattr(executor, "_max_workers", 0)) - len(getattr(executor, "_threads", ()))
-    if n > 0:
-        everyone = threading.Barrier(n + 1, timeout=timeout)
-        started = [executor.submit(everyone.wait) for _ in range(n)]
-        try:
-            everyone.wait()
-        except threading.BrokenBarrierError:  # fewer started in time: the rest start on submit
-            pass
-        wait(started, timeout=timeout)
-    return len(getattr(executor, "_threads", ()))
+    return ThreadPoolTaskRunner(max_workers=settings.get().max_workers)
 
 
 def _dask_runner(address: str | None, s: settings.Settings) -> Any:
