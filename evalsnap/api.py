@@ -233,6 +233,33 @@ def prepare(spec: RunSpec, ctx: RunContext) -> None:
     ctx.begin_run_early(expected, plans)
 
 
+def read_ahead(ctx: RunContext, go_on: Any) -> None:
+    """For a ``--reuse`` run :func:`prepare` planned: what its pages will read of the cases
+    they detail, read now from each eval set's previous record
+    (:func:`evalsnap.reports.html.read_ahead`) while ``go_on()`` says so (the CLI: while
+    Prefect's temporary API starts). Only ahead of time: anything that fails here is left
+    to the flow, which reads the same objects."""
+    prepared = ctx.prepared()
+    if prepared is None or isinstance(prepared[1], BaseException):
+        return
+    spec, plans = prepared
+    if not spec.reuse or spec.force:
+        return
+    from evalsnap.records import EvaluationRecord, repo
+    from evalsnap.reports import html
+
+    for plan in plans:
+        if not go_on():
+            return
+        try:
+            record_oid = repo.latest_record_for(ctx.store, plan.eval_set.eval_set_id)
+            if record_oid is not None:
+                html.read_ahead(ctx.store, repo.get(ctx.store, EvaluationRecord, record_oid),
+                                go_on)
+        except Exception:  # noqa: BLE001, S112 - only ahead of time (see above)
+            continue
+
+
 @contextlib.contextmanager
 def _no_heartbeat(prefect_settings: Any, heartbeat: Any) -> Iterator[None]:
     """A sync flow run otherwise spends ~1 s joining its heartbeat thread."""

@@ -78,3 +78,40 @@ def test_an_error_planning_raised_is_the_flows(
         api.run_spec(spec, run_context=ctx)
     assert type(prepared.value) is type(unprepared.value)
     assert str(prepared.value) == str(unprepared.value)
+
+
+def test_read_ahead_reads_what_the_page_details_and_changes_no_page(
+        shop_copy: Path, store_dir: Path) -> None:
+    """For a ``--reuse`` run, :func:`api.read_ahead` parses the previous record's detailed
+    cases (inference, units, judge entries) into the run's memos while the temporary API
+    starts; the run's page reads them from there and is the page a fresh process makes."""
+    from evalsnap.records import EvaluationRecord, ScoreUnit, repo
+    from evalsnap.reports import html
+
+    first = api.run_spec(_spec(shop_copy, store_dir))
+    store = context.RunContext.open(str(store_dir)).store
+    previous = repo.get(store, EvaluationRecord, first.record_id)
+    entries = {e for ref in previous.units for e in repo.get(store, ScoreUnit, ref.unit_oid).ledger}
+    assert entries, "expected the shop's judge metric to leave ledger entries"
+
+    ctx = context.RunContext(str(store_dir))
+    spec = _spec(shop_copy, store_dir, reuse=True)
+    api.prepare(spec, ctx)
+    api.read_ahead(ctx, lambda: False)  # told to stop at once: nothing read
+    assert repo._parsed(ctx.store, "judge entries", 2048).peek(next(iter(entries))) is None
+    api.read_ahead(ctx, lambda: True)
+    memo = repo._parsed(ctx.store, "judge entries", 2048)
+    assert all(memo.peek(e) is not None for e in entries)
+    assert all(repo._parsed(ctx.store, "units", 4096).peek(r.unit_oid) is not None
+               for r in previous.units)
+
+    again = api.run_spec(spec, run_context=ctx)
+    assert again.reused_units == first.scored_units and again.judge_calls == 0
+    record = repo.get(ctx.store, EvaluationRecord, again.record_id)
+    warm = html.render_bytes(html.template(), **html.page_context(
+        ctx.store, again.record_id, record))
+    fresh_store = context.RunContext.open(str(store_dir)).store
+    fresh = html.render_bytes(html.template(), **html.page_context(
+        fresh_store, again.record_id, repo.get(fresh_store, EvaluationRecord, again.record_id)))
+    assert warm == fresh
+    assert all(e.encode() in warm for e in entries), "expected every entry on the page"

@@ -128,6 +128,11 @@ class RunContext:
         self.store.new_run()
         self._run_begun = True
 
+    def prepared(self) -> tuple[Any, Any] | None:
+        """The spec and plans :meth:`begin_run_early` was given, if not taken yet (the plans
+        may be the error planning raised)."""
+        return self._prepared
+
     def take_prepared(self, spec: Any) -> Any:
         """The plans prepared for ``spec`` (raising the error planning raised), once; None
         when nothing was prepared for exactly this spec (the flow plans itself)."""

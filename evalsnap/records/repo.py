@@ -43,6 +43,7 @@ from evalsnap.errors import (
 from evalsnap.records import (
     EvaluationRecord,
     InferenceRecord,
+    LedgerEntry,
     RunManifest,
     ScoreUnit,
     Snapshot,
@@ -257,6 +258,15 @@ def get_unit_shared(store: Store, oid: str) -> ScoreUnit:
     ADK history copy): a run's summary, history and artifacts read every unit."""
     return _parsed(store, "units", 4096).get(  # type: ignore[no-any-return]
         oid, lambda: get(store, ScoreUnit, oid))
+
+
+def get_ledger_shared(store: Store, oid: str) -> LedgerEntry:
+    """A judge ledger entry parsed once per run while among the last 2,048 parsed, for
+    readers that never modify it: the pages of a run show the entries of the cases they
+    detail (at most ``EVALSNAP_REPORT_DETAIL_CASES``), which the CLI reads ahead while
+    Prefect's temporary API starts (:func:`evalsnap.reports.html.read_ahead`)."""
+    return _parsed(store, "judge entries", 2048).get(  # type: ignore[no-any-return]
+        oid, lambda: get(store, LedgerEntry, oid))
 
 
 def get_unit_verdict(store: Store, oid: str) -> UnitVerdict:

@@ -517,6 +517,34 @@ def _detailed(store: Any, record: EvaluationRecord, moved: dict[tuple, str],
     return set(sorted(keys, key=lambda k: rank[k])[:limit])
 
 
+def read_ahead(store: Any, record: EvaluationRecord,
+               go_on: Callable[[], bool] = lambda: True) -> int:
+    """Reads and parses now what a page of a run like ``record`` details: a rerun of its
+    eval set details the same cases, with the same objects. Their inference records, units
+    and judge ledger entries go to the run's memos (:func:`repo.get_inference`,
+    :func:`repo.get_unit_shared`, :func:`repo.get_ledger_shared`), a case at a time while
+    ``go_on()`` says so: the CLI does it while Prefect's temporary API starts. Returns the
+    number of cases read; an object that cannot be read is left to the page."""
+    detailed = _detailed(store, record, {}, None)
+    refs_of = record.units_by_case()
+    read = 0
+    for inf in record.inference:
+        key = (inf.eval_id, inf.repetition)
+        if detailed is not None and key not in detailed:
+            continue
+        if not go_on():
+            break
+        try:
+            repo.get_inference(store, inf.inference_oid)
+            for ref in refs_of.get(key, ()):
+                for oid in repo.get_unit_shared(store, ref.unit_oid).ledger:
+                    repo.get_ledger_shared(store, oid)
+        except EvalsnapError:
+            continue
+        read += 1
+    return read
+
+
 def _resolved(store: Any, record_oid: str, record: EvaluationRecord,
               detailed: set[tuple[str, int]] | None) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
     """:func:`~.show.full_record` of the page (``for_page``) without its cases, and its

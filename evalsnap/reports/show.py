@@ -14,12 +14,15 @@ _VERDICT_FIELDS = ("threshold", "score", "metric_status", "gate_score", "status"
                    "reason", "trace", "judge_calls")
 
 
-def _ledger(store: Any, oids: list[str]) -> list[dict[str, Any]]:
-    """The unit's ledger entries; one that cannot be read is shown with the reason."""
+def _ledger(store: Any, oids: list[str], shared: bool = False) -> list[dict[str, Any]]:
+    """The unit's ledger entries; one that cannot be read is shown with the reason.
+    ``shared``: parsed once per run (a page's, :func:`repo.get_ledger_shared`)."""
     out = []
     for oid in oids:
         try:
-            out.append({"oid": oid, **repo.get(store, LedgerEntry, oid).model_dump(mode="json")})
+            entry = repo.get_ledger_shared(store, oid) if shared else \
+                repo.get(store, LedgerEntry, oid)
+            out.append({"oid": oid, **entry.model_dump(mode="json")})
         except EvalsnapError as exc:
             out.append({"oid": oid, "unreadable": str(exc)})
     return out
@@ -87,11 +90,14 @@ def full_record(store: Any, record_oid: str, record: EvaluationRecord, *,
         fc = frozen.first(key)
         metrics = {}
         for ref in refs_of.get(key, ()):
-            unit = units[ref.unit_oid] = repo.get(store, ScoreUnit, ref.unit_oid)
+            # a page's units and entries parsed once per run (read ahead by the CLI while
+            # Prefect's temporary API starts: evalsnap.reports.html.read_ahead)
+            unit = units[ref.unit_oid] = repo.get_unit_shared(store, ref.unit_oid) \
+                if for_page else repo.get(store, ScoreUnit, ref.unit_oid)
             metrics[ref.metric_name] = {
                 **ref.model_dump(mode="json"),
                 **unit.model_dump(mode="json", exclude={"ledger"}),
-                "ledger": _ledger(store, unit.ledger),
+                "ledger": _ledger(store, unit.ledger, shared=for_page),
             }
         cases.append({
             "eval_id": inf.eval_id, "repetition": inf.repetition,
