@@ -74,10 +74,29 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
+def canonical_data(value: Any) -> Any:
+    """``strip_volatile(to_jsonable(value))`` in one pass over the value (the two passes
+    copied every dict and list of a conversation twice: a fingerprint's costliest part)."""
+    if isinstance(value, BaseModel):
+        return strip_volatile(value.model_dump(mode="json", by_alias=False, exclude_none=False))
+    if isinstance(value, dict):
+        if not all(type(k) is str for k in value):
+            value = {str(k): v for k, v in value.items()}
+        function_part = _is_function_part(value)
+        return {
+            k: canonical_data(v)
+            for k, v in value.items()
+            if k not in VOLATILE_KEYS and not (function_part and k == "id")
+        }
+    if isinstance(value, list | tuple):
+        return [canonical_data(v) for v in value]
+    return value
+
+
 def canonical_bytes(kind: str, value: Any) -> bytes:
     """Returns the canonical bytes hashed for a value of type ``kind``."""
     body = json.dumps(
-        strip_volatile(to_jsonable(value)),
+        canonical_data(value),
         sort_keys=True,
         separators=(",", ":"),
         ensure_ascii=False,

@@ -65,3 +65,35 @@ json_values = st.recursive(
 def test_stable_under_key_order(d):
     reordered = dict(reversed(list(d.items())))
     assert fingerprint("case", d) == fingerprint("case", reordered)
+
+
+_KEYS = st.sampled_from(["name", "args", "response", "id", "text", "created_at", "session_id",
+                         "duration", "parts", 1, 2.5, True, None])
+_LEAVES = st.none() | st.booleans() | st.integers() | st.text(max_size=5) | \
+    st.floats(allow_nan=False, allow_infinity=False)
+_VALUES = st.recursive(_LEAVES, lambda inner: st.lists(inner, max_size=4)
+                       | st.lists(inner, max_size=3).map(tuple)
+                       | st.dictionaries(_KEYS, inner, max_size=5), max_leaves=25)
+
+
+@given(_VALUES)
+def test_canonical_data_is_the_two_passes_in_one(value):
+    """``canonical_data`` makes in one pass what ``strip_volatile(to_jsonable(...))`` made
+    in two: keys made strings first (the function-part rule reads them), volatile keys and a
+    function part's ``id`` left out, at every depth."""
+    from evalsnap.fingerprint import canonical_data, strip_volatile, to_jsonable
+
+    assert canonical_data(value) == strip_volatile(to_jsonable(value))
+
+
+def test_canonical_data_of_models():
+    from google.genai import types
+
+    from evalsnap.fingerprint import canonical_data, strip_volatile, to_jsonable
+
+    content = types.Content(role="model", parts=[
+        types.Part(function_call=types.FunctionCall(id="adk-1", name="get", args={"id": 7})),
+        types.Part(text="done")])
+    value = {"content": content, 3: [content], "created_at": "now"}
+    assert canonical_data(value) == strip_volatile(to_jsonable(value))
+    assert "adk-1" not in str(canonical_data(value)) and "'id': 7" in str(canonical_data(value))
