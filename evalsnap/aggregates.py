@@ -84,9 +84,18 @@ def _adk_mean_gate(units: list[Any]) -> tuple[float | None, bool, str]:
     higher = directions.pop() if len(directions) == 1 else True
     if not scored:
         return None, higher, "NOT_EVALUATED"
-    mean = statistics.mean(s for s, _, _ in scored)
+    mean = _mean([s for s, _, _ in scored])
     ok = mean >= threshold if higher else mean <= threshold
     return mean, higher, "PASSED" if ok else "FAILED"
+
+
+def _mean(values: list[Any]) -> Any:
+    """``statistics.mean(values)``; one float is its own mean (what ``statistics.mean``
+    gives, exactly, without its exact sum of fractions: a run without repetitions has one
+    score per case × metric)."""
+    if len(values) == 1 and type(values[0]) is float:
+        return values[0]
+    return statistics.mean(values)
 
 
 def aggregate(eval_id: str, metric: str, reps: dict[int, Any], repetitions: list[int],
@@ -118,7 +127,7 @@ def aggregate(eval_id: str, metric: str, reps: dict[int, Any], repetitions: list
         "incomplete": incomplete, "scored": scored,
         "pass_rate": passed / scored if scored else None,
         "pass_rate_ci95": wilson(passed, scored),
-        "mean_score": statistics.mean(scores) if scores else None,
+        "mean_score": _mean(scores) if scores else None,
         "score_stdev": statistics.stdev(scores) if len(scores) > 1 else None,
         "pass_at_k": at, "pass_hat_k": hat, "verdict": verdict, "status": status,
         "gate": gate, "gate_score": gate_score, "higher_is_better": higher,

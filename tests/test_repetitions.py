@@ -17,6 +17,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests._cli import run_inproc
 
@@ -428,3 +430,16 @@ def _aggregate_rows(dom: str) -> dict[str, dict[str, str]]:
 
     Rows().feed(dom)
     return rows
+
+
+@given(st.lists(st.floats(allow_nan=False, allow_infinity=False) | st.integers(-10, 10),
+                min_size=1, max_size=4))
+def test_the_mean_is_statistics_mean(values):
+    """A gate's mean (``aggregates._mean``) is ``statistics.mean``, value and type: one float
+    is taken as it is, anything else is averaged by ``statistics``."""
+    import statistics
+
+    from evalsnap.aggregates import _mean
+
+    expected = statistics.mean(values)
+    assert _mean(values) == expected and type(_mean(values)) is type(expected)
