@@ -58,17 +58,30 @@ def automations_wanted(settings: Any, environ: Any = os.environ) -> bool:
     return path is None or holds_automations(path)
 
 
+def _leave_out_automations() -> None:
+    """Switches the automation services off for this process (every thread's settings, and
+    the environment of any process the server starts) unless :func:`automations_wanted`.
+    Only a start-up saving: whatever fails here leaves Prefect's settings as they were."""
+    name = _TRIGGER_SWITCHES[0]
+    before = os.environ.get(name)
+    try:
+        from prefect.context import refresh_global_settings_context
+        from prefect.settings import get_current_settings
+
+        if automations_wanted(get_current_settings()):
+            return
+        os.environ[name] = "false"
+        refresh_global_settings_context()
+    except Exception:  # noqa: BLE001 - another Prefect's settings: its services, as they were
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
 def main(argv: list[str]) -> None:
     host, port = argv
-    from prefect.context import refresh_global_settings_context
-    from prefect.settings import get_current_settings
-
-    if not automations_wanted(get_current_settings()):
-        # the process's settings, every thread's (a settings context entered here was
-        # this thread's and its copies' only: the first flow run's creation took 0.2 s
-        # longer), and the environment of any process the server starts
-        os.environ[_TRIGGER_SWITCHES[0]] = "false"
-        refresh_global_settings_context()
+    _leave_out_automations()
     import uvicorn
 
     uvicorn.run("prefect.server.api.server:create_app", factory=True, host=host,

@@ -128,3 +128,16 @@ def test_the_services_start_only_for_an_automation(tmp_path: Path) -> None:
     log = second.read_text()
     assert "ReactiveTriggers starting" in log
     assert "Registered perpetual service: evaluate_proactive_triggers_periodic" in log
+
+
+def test_a_failing_look_leaves_the_settings_as_they_were(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever fails while the launcher looks (another Prefect's settings, a database it
+    cannot read) leaves the services as Prefect's settings say: the server still starts."""
+    monkeypatch.delenv("PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED", raising=False)
+
+    def broken(settings: object, environ: object = None) -> bool:
+        raise AttributeError("no such setting")
+
+    monkeypatch.setattr(_tempapi, "automations_wanted", broken)
+    _tempapi._leave_out_automations()
+    assert "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED" not in os.environ
