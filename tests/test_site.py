@@ -409,6 +409,22 @@ def test_case_history_cells_letter_each_status() -> None:
                     "b": [("NOT_EVALUATED", "?"), ("INFORMATIONAL", "I")]}
 
 
+def test_a_rows_run_values_leave_out_its_case_statuses() -> None:
+    """A row read as a run's values (tables, the trend) is without its one-value-per-case
+    fields: 30 kept runs of 30,000 cases × 7 metrics were copied whole for every table."""
+    from evalsnap.reports._site_data import PER_CASE, RunRow, run_values
+
+    row = RunRow(run_id="20261203T000001Z-abcdef", record_id="sha256:" + "0" * 64, kind="run",
+                 created_at="2026-12-03T00:00:01Z", full=True, covers="full", passed=True,
+                 complete=True, cases=1, metrics={}, regressions=None, fixes=None,
+                 baseline_run=None, duration=None, cost=None, cost_note=None,
+                 statuses={"a": {"m": "PASSED"}}, flaky={"a": ["m"]})
+    values = run_values(row)
+    assert PER_CASE == {"statuses", "flaky"}
+    assert set(values) == set(RunRow.model_fields) - PER_CASE
+    assert values["run_id"] == row.run_id and values["passed"] is True
+
+
 def _trend_view(points: list[dict[str, Any]]) -> list[tuple[str, dict[str, tuple]]]:
     return [(p["run_id"], {m: (s["units"], s["passed"], s["pass_rate"], s["mean_score"])
                            for m, s in p["metrics"].items()}) for p in points]

@@ -73,7 +73,7 @@ def _render(name: str, **values: Any) -> bytes:
 
 def _row(r: RunRow, up: str) -> dict[str, Any]:
     """A run's values for a table (``up``: the relative way back to the site's root)."""
-    return {**r.model_dump(), "when": r.created_at[:16].replace("T", " "),
+    return {**data.run_values(r), "when": r.created_at[:16].replace("T", " "),
             "href": f"{up}{_run_dir(r.run_id)}/index.html", "duration_text": duration_text(r.duration),
             "verdict": "passed" if r.passed else "failed" if r.complete else "incomplete",
             "cost_text": f"{r.cost:.6f}" if r.cost is not None else "—",
@@ -96,8 +96,8 @@ def index_page(sets: list[SetData]) -> bytes:
 def set_pages(s: SetData) -> dict[str, bytes]:
     """``sets/<set>/index.html`` (runs, trend of full runs) and ``cases.html``."""
     rows = [_row(r, "../../") for r in reversed(s.runs)]  # newest first
-    full = [r.model_dump() for r in s.runs if r.full][-TREND_RUNS:]
-    names = metric_names([r.model_dump() for r in s.runs])
+    full = [data.run_values(r) for r in s.runs if r.full][-TREND_RUNS:]
+    names = metric_names([{"metrics": r.metrics} for r in s.runs])
     trend = [{"name": n, "dots": _dots(n, full, width=480, height=34)} for n in names]
     nav = [("all eval sets", "../../index.html"), ("case history", "cases.html")]
     base = _set_dir(s.eval_set_id)
@@ -290,7 +290,7 @@ def build(store: Any, *, save: bool = False) -> dict[str, bytes]:
         sets.append(s)
         pages.update(set_pages(s))
         for i, r in enumerate(s.runs):  # the trend from the rows: no history walk per run
-            earlier = [x.model_dump() for x in s.runs[:i] if x.created_at <= r.created_at]
+            earlier = [data.run_values(x) for x in s.runs[:i] if x.created_at <= r.created_at]
             pages.update(run_pages(store, r.record_id, repo.get(store, EvaluationRecord,
                                                                 r.record_id), earlier=earlier))
     pages["index.html"] = index_page(sets)
