@@ -81,7 +81,7 @@ def test_an_error_planning_raised_is_the_flows(
 
 
 def test_read_ahead_reads_what_the_page_details_and_changes_no_page(
-        shop_copy: Path, store_dir: Path) -> None:
+        shop_copy: Path, store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """For a ``--reuse`` run, :func:`api.read_ahead` parses the previous record's detailed
     cases (inference, units, judge entries) into the run's memos while the temporary API
     starts; the run's page reads them from there and is the page a fresh process makes."""
@@ -97,6 +97,10 @@ def test_read_ahead_reads_what_the_page_details_and_changes_no_page(
     ctx = context.RunContext(str(store_dir))
     spec = _spec(shop_copy, store_dir, reuse=True)
     api.prepare(spec, ctx)
+    assert html.read_ahead(ctx.store, previous, lambda: False) == 0  # told to stop at once
+    with monkeypatch.context() as patched:  # a record too large to rank ahead
+        patched.setattr(html, "READ_AHEAD_UNITS", len(previous.units) - 1)
+        assert html.read_ahead(ctx.store, previous) == 0
     api.read_ahead(ctx, lambda: False)  # told to stop at once: nothing read
     assert repo._parsed(ctx.store, "judge entries", 2048).peek(next(iter(entries))) is None
     api.read_ahead(ctx, lambda: True)
