@@ -50,17 +50,9 @@ def _is_function_part(value: dict[str, Any]) -> bool:
 
 
 def strip_volatile(value: Any) -> Any:
-    """Returns ``value`` (JSON data) without the volatile fields."""
-    if isinstance(value, dict):
-        function_part = _is_function_part(value)
-        return {
-            k: strip_volatile(v)
-            for k, v in value.items()
-            if k not in VOLATILE_KEYS and not (function_part and k == "id")
-        }
-    if isinstance(value, list | tuple):
-        return [strip_volatile(v) for v in value]
-    return value
+    """Returns ``value`` (JSON data: string keys, no models) without the volatile fields:
+    :func:`canonical_data` of it, which is that for JSON data."""
+    return canonical_data(value)
 
 
 def to_jsonable(value: Any) -> Any:
@@ -78,7 +70,7 @@ def canonical_data(value: Any) -> Any:
     """``strip_volatile(to_jsonable(value))`` in one pass over the value (the two passes
     copied every dict and list of a conversation twice: a fingerprint's costliest part)."""
     if isinstance(value, BaseModel):
-        return strip_volatile(value.model_dump(mode="json", by_alias=False, exclude_none=False))
+        return canonical_data(value.model_dump(mode="json", by_alias=False, exclude_none=False))
     if isinstance(value, dict):
         if not all(type(k) is str for k in value):
             value = {str(k): v for k, v in value.items()}

@@ -110,10 +110,7 @@ def _once(case: dict[str, Any], key: str, part: Callable[..., Any], *args: Any) 
     ``EVALSNAP_REPORT_DETAIL_CASES`` of them, held while the run's pages are made)."""
     if not case.get("details"):
         return part(*args)
-    made = case.setdefault("_html", {})
-    if key not in made:
-        made[key] = part(*args)
-    return made[key]
+    return _memo(case.setdefault("_html", {}), key, part, *args)
 
 
 def template(name: str = "report.html") -> jinja2.Template:
