@@ -479,3 +479,55 @@ def test_the_trend_comes_from_the_site_rows_not_every_manifest(
     gone = current(store, "shop", publishing="the-next-run")
     assert gone is not None and [r.run_id for r in gone.rows.runs] == [cold]
     assert current(store, "no such set", publishing="x") is None  # the caller reads manifests
+
+
+def test_case_history_lines_are_the_first_of_them_all_sorted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The case history keeps only the lines it shows while it ranks every case × metric
+    (flaky first, most flips first, then by case and metric): the lines, and the counts of
+    lines and flaky ones, are those of a sort of every line, whatever the runs hold."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from evalsnap.reports import site
+    from evalsnap.reports._site_data import RunRow, SetData
+    from evalsnap.reports.history import flips
+
+    status = st.sampled_from(["PASSED", "FAILED", "NOT_EVALUATED", "INFORMATIONAL"])
+    cases = st.dictionaries(st.sampled_from("abcdefg"), st.dictionaries(
+        st.sampled_from(["m1", "m2", "m3"]), status, min_size=1), min_size=1)
+    run_data = st.lists(st.tuples(cases, st.sets(st.tuples(st.sampled_from("abcdefg"),
+                                                          st.sampled_from(["m1", "m2"])))),
+                        min_size=1, max_size=5)
+
+    def row(n: int, statuses: dict[str, dict[str, str]], flaky: set[tuple[str, str]]) -> RunRow:
+        flaky_by_case: dict[str, list[str]] = {}
+        for case, metric in sorted(flaky):
+            if metric in statuses.get(case, {}):
+                flaky_by_case.setdefault(case, []).append(metric)
+        return RunRow(run_id=f"20261203T00000{n}Z-abcdef", record_id="sha256:" + "0" * 64,
+                      kind="run", created_at=f"2026-12-03T00:00:0{n}Z", full=True,
+                      covers="full", passed=False, complete=True, cases=len(statuses),
+                      metrics={}, regressions=None, fixes=None, baseline_run=None,
+                      duration=None, cost=None, cost_note=None, statuses=statuses,
+                      flaky=flaky_by_case)
+
+    @settings(max_examples=60, deadline=None)
+    @given(run_data, st.integers(min_value=1, max_value=12))
+    def check(runs_data: list[Any], shown: int) -> None:
+        monkeypatch.setattr(site, "CASE_LINES", shown)
+        runs = [row(i, s, f) for i, (s, f) in enumerate(runs_data)]
+        made = site._case_history(SetData(eval_set_id="s", runs=runs))
+        every = []  # every line, sorted as the page orders them
+        pairs = {(c, m) for r in runs for c, ms in r.statuses.items() for m in ms}
+        for case, metric in pairs:
+            statuses = [r.statuses.get(case, {}).get(metric) for r in runs]
+            disagreed = [metric in r.flaky.get(case, []) for r in runs]
+            n = flips([x for x in statuses if x is not None])
+            every.append((not (n > 0 or any(disagreed)), -n, case, metric))
+        every.sort()
+        assert [(not line["flaky"], -line["flips"], line["eval_id"], line["metric"])
+                for line in made["lines"]] == every[:shown]
+        assert made["n_lines"] == len(every)
+        assert made["n_flaky"] == sum(not stable for stable, *_ in every)
+
+    check()
