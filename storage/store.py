@@ -95,14 +95,28 @@ def set_unpacker(unpack: Unpacker) -> None:
     _unpacker = unpack
 
 
+#: What an entry of the read cache takes besides its bytes' length and its key's (the key's
+#: and the bytes' object headers, the ordered dict's entry; measured with ``tracemalloc``):
+#: counted in its budget, so that the budget is the memory held. Counted as the bytes alone,
+#: the cache of a 30,000-case run held ~110,000 units of ~900 bytes (96 MB) and ~30 MB more
+#: than its budget; at 10,000 cases it held every unit, so the difference grew with the cases.
+ENTRY_BYTES = 176
+
+
 class _ByteLRU:
-    """Least-recently-used bytes by key, bounded by their total size; thread-safe."""
+    """Least-recently-used bytes by key, bounded by what they take in memory (their sizes,
+    their keys' and :data:`ENTRY_BYTES` each); thread-safe."""
 
     def __init__(self, budget: int) -> None:
         self._budget = budget
         self._size = 0
         self._items: OrderedDict[str, bytes] = OrderedDict()
         self._lock = threading.Lock()
+
+    @staticmethod
+    def cost(key: str, data: bytes) -> int:
+        """What an entry takes of the budget."""
+        return len(data) + len(key) + ENTRY_BYTES
 
     def get(self, key: str) -> bytes | None:
         with self._lock:
@@ -115,22 +129,23 @@ class _ByteLRU:
         with self._lock:
             old = self._items.pop(key, None)
             if old is not None:
-                self._size -= len(old)
+                self._size -= self.cost(key, old)
 
     def put(self, key: str, data: bytes, *, spare: bool = False) -> None:
         """Keeps ``data`` under ``key``, letting go of the least recently used if need be;
         ``spare``: only if it fits without letting anything go."""
-        if len(data) > self._budget // 4:
+        cost = self.cost(key, data)
+        if cost > self._budget // 4:
             return  # one huge object would evict everything else
         with self._lock:
-            if spare and key not in self._items and self._size + len(data) > self._budget:
+            if spare and key not in self._items and self._size + cost > self._budget:
                 return
             old = self._items.pop(key, None)
-            self._size += len(data) - (len(old) if old is not None else 0)
+            self._size += cost - (self.cost(key, old) if old is not None else 0)
             self._items[key] = data
             while self._size > self._budget and self._items:
-                _, dropped = self._items.popitem(last=False)
-                self._size -= len(dropped)
+                dropped_key, dropped = self._items.popitem(last=False)
+                self._size -= self.cost(dropped_key, dropped)
 
 
 class _ReadCache:

@@ -41,12 +41,35 @@ def test_a_full_cache_keeps_what_it_has_when_packs_are_opened_spare(
 
 
 def test_spare_puts_only_what_fits() -> None:
-    lru = store_module._ByteLRU(1000)
+    each = store_module._ByteLRU.cost("a", b"a" * 240)  # its bytes, its key, the entry
+    lru = store_module._ByteLRU(4 * each + each // 2)
     for key in "abc":
         lru.put(key, key.encode() * 240)
-    lru.put("d", b"d" * 240, spare=True)  # fits: 960 of 1000
+    lru.put("d", b"d" * 240, spare=True)  # fits: 4 of 4.5
     assert lru.get("d") == b"d" * 240
     lru.put("e", b"e" * 240, spare=True)  # would push "a" out: not kept
     assert lru.get("e") is None and lru.get("a") == b"a" * 240
     lru.put("e", b"e" * 240)  # not spare: the least recently used ("b") goes
     assert lru.get("e") == b"e" * 240 and lru.get("b") is None and lru.get("a") is not None
+
+
+def test_an_entry_costs_what_it_holds_in_memory() -> None:
+    """The budget is the memory the entries hold, their keys and the dict's entries too, not
+    only their bytes: many small objects (units) stay within it, measured."""
+    import hashlib
+    import tracemalloc
+
+    keys = [f"v1/objects/unit/{h[:2]}/{h[2:]}"
+            for h in (hashlib.sha256(str(i).encode()).hexdigest() for i in range(20_000))]
+    budget = 4 << 20
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        lru = store_module._ByteLRU(budget)
+        for i, key in enumerate(keys):  # made here: held by the cache alone once kept
+            lru.put(key[:-1] + key[-1], str(i).encode() * 100)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert lru._size <= budget
+    assert budget * 0.85 <= held <= budget * 1.1, held
