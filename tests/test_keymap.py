@@ -43,7 +43,7 @@ def test_a_key_map_is_the_dict_it_replaces(ops: list[tuple[str, str, object]]) -
 
 def test_many_keys_grow_the_table_and_keep_every_entry() -> None:
     """Past the growth of the table (and with removed slots in it), every number is found,
-    none that was removed is, and the table stays at most 70 % full."""
+    none that was removed is, and the table stays at most 80 % full."""
     numbers = KeyNumbers()
     keys = [short_key(f"v1/objects/unit/{i:06d}") for i in range(20_000)]
     for i, key in enumerate(keys):
@@ -58,7 +58,18 @@ def test_many_keys_grow_the_table_and_keep_every_entry() -> None:
     assert len(numbers) == len(keys)
     assert sorted(n for _, n in numbers.items()) == sorted(
         i if i % 3 else MAX_NUMBER - i // 3 for i in range(len(keys)))
-    assert len(numbers._words) * 0.7 >= numbers._filled
+    assert len(numbers._words) * 0.8 >= numbers._filled
+
+
+def test_a_table_has_at_most_twice_the_slots_of_its_entries() -> None:
+    """20 bytes a slot: the table of a run's 400,000 pack members once grew to 2,097,152
+    slots (42 MB, 19 % full); at every size it now has at most 1/0.55 slots an entry."""
+    numbers = KeyNumbers()
+    for i in range(300_000):
+        numbers.put_key(short_key(f"v1/objects/judge/{i:07d}"), i)
+        if i % 997 == 0 or i == 299_999:
+            assert len(numbers._words) <= (i + 1) * 20 / 11 + 8, i
+            assert len(numbers._keys) == 16 * len(numbers._words)
 
 
 @pytest.mark.parametrize("bad", [-1, MAX_NUMBER + 1])
