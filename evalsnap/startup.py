@@ -131,6 +131,27 @@ def give_back_freed() -> None:
         pass
 
 
+#: Seconds at least between two :func:`give_back_now_and_then` trims of one process.
+TRIM_EVERY = 1.0
+_trimmed = [0.0]
+
+
+def give_back_now_and_then() -> None:
+    """:func:`give_back_freed`, at most once every :data:`TRIM_EVERY` seconds: called inside
+    a phase that reads and lets go of many objects (a metric task's chunks, the own packs
+    publish reads). What such a phase frees stays in glibc's arenas until a trim, and it
+    grows with the number of objects read, not with what is held at a time: at 30,030 cases
+    the own packs' read let ~85 MB accumulate before its trim (~57 MB at 10,010), which was
+    that run's peak. A trim walks the arenas (a few ms)."""
+    import time
+
+    now = time.monotonic()
+    if now - _trimmed[0] < TRIM_EVERY:
+        return
+    _trimmed[0] = now
+    give_back_freed()
+
+
 _server: Any = None
 _server_log: Any = None
 _api_url: str | None = None

@@ -99,3 +99,22 @@ def test_memory_freed_in_the_middle_of_the_heap_is_given_back():
     assert out.returncode == 0, out.stderr[-3000:]
     found = json.loads(out.stdout.strip().splitlines()[-1])
     assert found["freed"] - found["given_back"] > 150 << 20, found
+
+
+def test_a_trim_inside_a_phase_is_at_most_once_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``give_back_now_and_then`` (called per chunk scored, per member of the own packs read)
+    trims at most once every ``TRIM_EVERY`` seconds: a trim walks the arenas."""
+    from evalsnap import startup
+
+    trims: list[float] = []
+    clock = [1000.0]
+    monkeypatch.setattr(startup, "give_back_freed", lambda: trims.append(clock[0]))
+    monkeypatch.setattr(startup, "_trimmed", [0.0])
+    monkeypatch.setattr("time.monotonic", lambda: clock[0])
+    for _ in range(50):  # one instant: one trim
+        startup.give_back_now_and_then()
+    clock[0] += startup.TRIM_EVERY / 2
+    startup.give_back_now_and_then()
+    clock[0] += startup.TRIM_EVERY / 2
+    startup.give_back_now_and_then()
+    assert trims == [1000.0, 1000.0 + startup.TRIM_EVERY]

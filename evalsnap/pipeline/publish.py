@@ -407,6 +407,7 @@ def _own_packs(store: Store, units: Iterable[UnitOutcome], run_id: str) -> list[
     # packs read one after another only pushed each other out, and what reads a unit later
     # opens its pack again
     for kind, oid, data in pack.members_of(store, list(own), spare=True):
+        startup.give_back_now_and_then()  # the packs read before (~8 MB and its members each)
         if kind == "unit":
             repo.remember_verdict(store, oid, data)
         if kind not in PACKED_KINDS:  # a unit or entry is found in its pack (open_packs)

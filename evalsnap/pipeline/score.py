@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
+from evalsnap import startup
 from evalsnap.adk.config import LoadedConfig, resolve_config
 from evalsnap.deadlines import metric_timeout
 from evalsnap.errors import ConfigError
@@ -184,6 +185,7 @@ async def score_metric_async(req: ScoreRequest, ctx: RunContext,
         writes = repo.WriteBatch(store, req.run_id)  # scored and written as packs a chunk at a time
         chunk = list(await asyncio.gather(*(one(c) for c in cases)))
         holders = writes.flush()  # the chunk's new units and entries as packs, then the index
+        startup.give_back_now_and_then()  # the chunks before, scored, written and let go
         outcomes.extend(o.model_copy(update={"packs": holders[o.unit_oid]})
                         if o.run_id == req.run_id and o.unit_oid in holders else o for o in chunk)
     pack.repair(store)  # a damaged pack whose members this task did again
