@@ -27,6 +27,7 @@ from google.adk.evaluation.eval_result import EvalCaseResult, EvalSetResult
 from google.adk.evaluation.eval_set import EvalCase
 from pydantic import ValidationError
 
+from evalsnap import startup
 from evalsnap.errors import CorruptRecordError, InputFileError
 from evalsnap.fingerprint import fingerprint, unit_fingerprint
 from evalsnap.records import (
@@ -69,6 +70,7 @@ def eval_set_result_parts(store: Any, record: EvaluationRecord) -> tuple[str, It
         yield (json.dumps(fields, ensure_ascii=False)[:-1] + ', "eval_case_results": [').encode()
         for i, case in enumerate(iter_eval_case_results(store, record)):
             yield (b"," if i else b"") + case.model_dump_json().encode()
+            startup.give_back_now_and_then()  # the cases made before (their models, JSON)
         yield b"]}"
 
     return head.eval_set_result_name or head.eval_set_result_id, parts()

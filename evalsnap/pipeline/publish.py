@@ -300,6 +300,7 @@ def publish(req: PublishRequest, ctx: RunContext, *,
             why=("reused" if origin else RECOVERED) if reused
             else explain_change(o, snapshot, parent_units, parent_snapshot, cases=cases)))
         if len(batch) >= 256:
+            startup.give_back_now_and_then()  # the units read and made before
             unit_refs.extend(batch)
             batch.clear()
             indexed.extend(index_batch)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
+from evalsnap import startup
 from evalsnap.aggregates import record_gate
 from evalsnap.errors import EvalsnapError
 from evalsnap.records import EvaluationRecord, repo
@@ -590,6 +591,7 @@ def _every_case(store: Any, record: EvaluationRecord, detailed: set[tuple[str, i
 
     refs_of = record.units_by_case()  # each case's units read when its row is made
     for inf in record.inference:
+        startup.give_back_now_and_then()  # the rows made before (their units read)
         key = (inf.eval_id, inf.repetition)
         yield next(resolved) if key in detailed else _page_case(store, inf, refs_of.get(key, ()), {})
 
