@@ -326,6 +326,7 @@ def publish(req: PublishRequest, ctx: RunContext, *,
     del batch, index_batch
     inf_refs, agent_unreported = Rows(InferenceRef), 0  # the record's, as rows
     for i in req.inference:
+        startup.give_back_now_and_then()  # the inference records read and parsed before
         ref, unreported = inference_ref(store, i, req.run_id)
         inf_refs.extend((ref,))
         agent_unreported += unreported
