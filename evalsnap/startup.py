@@ -27,6 +27,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -143,8 +144,6 @@ def give_back_now_and_then() -> None:
     grows with the number of objects read, not with what is held at a time: at 30,030 cases
     the own packs' read let ~85 MB accumulate before its trim (~57 MB at 10,010), which was
     that run's peak. A trim walks the arenas (a few ms)."""
-    import time
-
     now = time.monotonic()
     if now - _trimmed[0] < TRIM_EVERY:
         return
