@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 
 def _family(pid: int) -> list[int]:
@@ -35,14 +36,16 @@ def _family(pid: int) -> list[int]:
     return found
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[1] != "--":
-        print(__doc__, file=sys.stderr)
-        return 2
-    out, command = argv[0], argv[2:]
-    start = time.monotonic()
-    proc = subprocess.Popen(command)
-    peaks: dict[int, tuple[float, str]] = {}
+def sampled(command: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None,
+            quiet: bool = False) -> dict[str, Any]:
+    """Runs ``command`` (its output to ``/dev/null`` when ``quiet``) sampling the RSS of it
+    and of every process it starts every 0.5 s: ``wall`` (s), ``code``, ``peaks`` (by pid:
+    ``mb``, ``at`` (s into the run), ``name``), ``samples`` ((s, pid, MiB) each) and
+    ``started`` (when it started, seconds since the epoch)."""
+    started, start = time.time(), time.monotonic()
+    out = subprocess.DEVNULL if quiet else None
+    proc = subprocess.Popen(command, env=env, cwd=cwd, stdout=out, stderr=out)
+    peaks: dict[int, dict[str, Any]] = {}
     samples: list[tuple[float, int, int]] = []
     done = threading.Event()
 
@@ -57,9 +60,10 @@ def main(argv: list[str]) -> int:
                         name = f.read().replace("\0", " ")[:90]
                 except OSError:
                     continue
-                if mb > peaks.get(pid, (0.0, ""))[0]:
-                    peaks[pid] = (mb, name)
-                samples.append((round(time.monotonic() - start, 1), pid, round(mb)))
+                at = round(time.monotonic() - start, 1)
+                if mb > peaks.get(pid, {"mb": 0.0})["mb"]:
+                    peaks[pid] = {"mb": mb, "at": at, "name": name}
+                samples.append((at, pid, round(mb)))
             done.wait(0.5)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -67,11 +71,22 @@ def main(argv: list[str]) -> int:
     code = proc.wait()
     done.set()
     sampler.join()
-    print(f"wall {time.monotonic() - start:.1f} s, exit {code}", file=sys.stderr)
-    for pid, (mb, name) in sorted(peaks.items(), key=lambda kv: -kv[1][0])[:6]:
-        print(f"{mb:8.0f} MB  {pid}  {name}", file=sys.stderr)
+    return {"wall": time.monotonic() - start, "code": code, "peaks": peaks, "samples": samples,
+            "started": started}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[1] != "--":
+        print(__doc__, file=sys.stderr)
+        return 2
+    out, command = argv[0], argv[2:]
+    run = sampled(command)
+    print(f"wall {run['wall']:.1f} s, exit {run['code']}", file=sys.stderr)
+    for pid, peak in sorted(run["peaks"].items(), key=lambda kv: -kv[1]["mb"])[:6]:
+        print(f"{peak['mb']:8.0f} MB  {pid}  at {peak['at']:.0f} s  {peak['name']}",
+              file=sys.stderr)
     with open(out, "w") as f:
-        json.dump(samples, f)
+        json.dump(run["samples"], f)
     return 0
 
 

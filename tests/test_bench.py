@@ -75,3 +75,37 @@ def test_the_suite_writes_one_table_per_section_under_one_header():
     assert text.count("| 1 | 300 | 10.00 | 13.00 | 1.30× |") == 2
     assert {s.api for s in SUITE} == {"env", "server"}  # both API modes are published
     assert any(6 in s.scenarios and 3000 in s.sizes for s in SUITE)
+
+
+def test_the_memory_bench_names_the_phase_each_sample_came_in(tmp_path: Path):
+    """bench.memory attributes RSS samples to the Prefect task running then, read from the
+    run's own temporary API's database (task runs' start and end, UTC)."""
+    import datetime
+    import sqlite3
+
+    from bench.memory import _phase, _task_runs, render
+
+    started = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC).timestamp()
+    db = tmp_path / "prefect.db"
+    with sqlite3.connect(db) as con:
+        con.execute("create table task_run (name text, start_time text, end_time text)")
+        con.executemany("insert into task_run values (?, ?, ?)", [
+            ("infer a-0 … b-3 (4)", "2026-01-01 12:00:02", "2026-01-01 12:00:10"),
+            ("infer c-4 … d-7 (4)", "2026-01-01 12:00:03", "2026-01-01 12:00:11"),
+            ("freeze-e31", "2026-01-01 12:00:12", "2026-01-01 12:00:13"),
+            ("score final_state_match", "2026-01-01 12:00:14", "2026-01-01 12:00:20"),
+            ("publish-947", "2026-01-01 12:00:21", "2026-01-01 12:00:30"),
+            ("never ended", "2026-01-01 12:00:40", None)])
+    tasks = _task_runs(db, started)
+    assert [round(t[0]) for t in tasks[:3]] == [2, 3, 12]
+    assert [_phase(tasks, at) for at in (1, 5, 12.5, 13.5, 15, 25, 31, 50)] == [
+        "(start)", "infer", "freeze", "(between tasks)", "score final_state_match",
+        "publish", "(between tasks)", "never ended"]
+    assert _phase(tasks[:-1], 31) == "(after the last task)"
+    rows = [{"cases": 100, "wall": 10.0, "exit": 3, "peak_mb": 400.0, "peak_in": "publish",
+             "phases_mb": {"infer": 300, "publish": 400}, "others_mb": [200]},
+            {"cases": 300, "wall": 31.0, "exit": 3, "peak_mb": 440.0, "peak_in": "infer",
+             "phases_mb": {"infer": 440, "freeze": 350}, "others_mb": [210]}]
+    table = render(rows)
+    assert "| 300 | 31 | 3.10× | 3.00× | 440 | 1.10× | infer |" in table
+    assert "| publish | 400 |  |" in table and "| freeze |  | 350 |" in table
