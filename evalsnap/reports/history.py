@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 
+from evalsnap import startup
 from evalsnap.errors import EvalsnapError
 from evalsnap.records import EvaluationRecord, repo
 from evalsnap.records._base import parse_stored
@@ -149,6 +150,7 @@ def metric_stats(store: Any, record: EvaluationRecord) -> dict[str, dict[str, An
             if len(batch) == _BATCH:
                 count(batch, pool)
                 batch = []
+                startup.give_back_now_and_then()  # the refs parsed and counted before
         count(batch, pool)
     for name, s in stats.items():
         s["pass_rate"] = s["passed"] / s["units"] if s["units"] else None
@@ -157,14 +159,22 @@ def metric_stats(store: Any, record: EvaluationRecord) -> dict[str, dict[str, An
     return stats
 
 
+def _cases(record: EvaluationRecord) -> int:
+    """How many (eval id, repetition) pairs the record has, inferred or scored: one set of
+    the inferred pairs and the scored ones it lacks (a set of each and their union held
+    three sets of 30,000 pairs, made from 210,000 units parsed, at once)."""
+    inferred = {(i.eval_id, i.repetition) for i in record.inference}
+    scored_only = {key for u in record.units if (key := (u.eval_id, u.repetition)) not in inferred}
+    return len(inferred) + len(scored_only)
+
+
 def run_point(store: Any, record_oid: str, record: EvaluationRecord) -> dict[str, Any]:
     """One run of the history: its ids, verdict, size and :func:`metric_stats`."""
     return {
         "run_id": record.run_id, "record_id": record_oid, "kind": record.kind,
         "created_at": record.created_at, "passed": record.summary.passed,
         "complete": record.summary.complete, "full": record.full,
-        "cases": len({(i.eval_id, i.repetition) for i in record.inference}
-                     | {(u.eval_id, u.repetition) for u in record.units}),
+        "cases": _cases(record),
         "units": len(record.units),
         "metrics": metric_stats(store, record),
     }

@@ -504,6 +504,7 @@ def _detailed(store: Any, record: EvaluationRecord, moved: dict[tuple, str],
         if inf.status != "success":
             rank[(inf.eval_id, inf.repetition)] = 2
     for ref in record.units:
+        startup.give_back_now_and_then()  # the references parsed before
         key, unit = (ref.eval_id, ref.repetition), units[ref.unit_oid]
         if not unit.complete:
             rank[key] = min(rank.get(key, 3), 2)
@@ -512,7 +513,10 @@ def _detailed(store: Any, record: EvaluationRecord, moved: dict[tuple, str],
     for (eval_id, rep, _), change in moved.items():
         if change == "regressed":
             rank[(eval_id, rep)] = 0
-    return set(sorted(keys, key=lambda k: rank[k])[:limit])
+    detailed = set(sorted(keys, key=rank.__getitem__)[:limit])
+    del keys, rank
+    startup.give_back_freed()  # every case's key and rank, and the references parsed
+    return detailed
 
 
 #: Units of a record at most for :func:`read_ahead` (~3,000 cases × 7 metrics): which cases a

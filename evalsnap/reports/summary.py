@@ -8,7 +8,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from evalsnap import exitcodes
+from evalsnap import exitcodes, startup
 from evalsnap.aggregates import aggregates, gate_passed, iter_aggregates, record_gate
 from evalsnap.records import EvaluationRecord, InferenceRef, ScoreUnit, UnitRef, UnitVerdict, repo
 from evalsnap.records.record import TokenCounts
@@ -57,6 +57,7 @@ def summary(store: Any, record_oid: str, record: EvaluationRecord,
         imported records), made from its inference entry as it is read."""
         inferred: set[tuple[str, int]] = set()
         for inf in record.inference:
+            startup.give_back_now_and_then()  # the rows made before (their units read)
             key = (inf.eval_id, inf.repetition)
             inferred.add(key)
             yield CaseResult(eval_id=inf.eval_id, repetition=inf.repetition,
