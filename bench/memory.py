@@ -86,13 +86,12 @@ def _task_runs(db: Path, started: float) -> list[tuple[float, float, str]]:
 
 def _phase(tasks: list[tuple[float, float, str]], at: float) -> str:
     """The phase of the run ``at`` seconds in: the task running then (the latest started,
-    if several), else before the first task, between tasks or after the last."""
+    if several), else before the first task, or after the task that ended last before."""
     running = [name for begin, end, name in tasks if begin <= at <= end]
     if running:
         return running[-1]
-    if not tasks or at < tasks[0][0]:
-        return "(start)"
-    return "(after the last task)" if at > max(end for _, end, _ in tasks) else "(between tasks)"
+    ended = [(end, name) for _, end, name in tasks if end < at]
+    return f"(after {max(ended)[1]})" if ended else "(start)"
 
 
 def render(rows: list[dict[str, Any]]) -> str:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 #: What ``json.loads`` accepts that no JSON can hold again, besides the numbers
@@ -61,64 +62,132 @@ def strict_json(text: str) -> Any:
 
 _SPACE = re.compile(r"[ \t\n\r]*")
 
+#: Characters read before the position a streamed scan has reached, at most, before they
+#: are let go (:func:`scan_object` of byte chunks).
+_KEEP = 1 << 18
 
-def scan_object(text: str,
-                arrays: Mapping[str, Callable[[Iterator[tuple[Any, int, int]]], Any]]
+
+class _Text:
+    """The text :func:`scan_object` reads: a whole ``str``, or decoded from UTF-8 byte
+    chunks as the scan needs more (what it has read past let go: :meth:`forget`)."""
+
+    def __init__(self, source: str | Iterable[bytes]) -> None:
+        self.text = source if isinstance(source, str) else ""
+        self._chunks: Iterator[bytes] | None = None if isinstance(source, str) else iter(source)
+        self._decode = codecs.getincrementaldecoder("utf-8")("strict").decode
+
+    def more(self) -> bool:
+        """Decodes the next chunk onto the text; False at the end (a character cut at the
+        end, or bytes that are no UTF-8, raise ``ValueError``)."""
+        while self._chunks is not None:
+            chunk = next(self._chunks, None)
+            part = self._decode(chunk if chunk is not None else b"", final=chunk is None)
+            if chunk is None:
+                self._chunks = None
+            if part:
+                # an escape the whole must be checked for (even cut between two chunks):
+                # the caller reads the whole the strict way
+                if needs_whole_check(self.text[-5:] + part):
+                    raise ValueError("an escape that is checked on the whole text")
+                self.text += part
+                return True
+        return False
+
+    def forget(self, i: int) -> int:
+        """Lets go of the text before ``i`` when streamed and more than :data:`_KEEP` (a
+        position the scan will not look back to); ``i``'s position in what is kept."""
+        if self._chunks is None or i <= _KEEP:
+            return i
+        self.text = self.text[i:]
+        return 0
+
+
+def scan_object(source: str | Iterable[bytes],
+                arrays: Mapping[str, Callable[[Iterator[tuple[Any, str]]], Any]]
                 ) -> dict[str, Any]:
-    """The top-level JSON object of ``text``, read a value at a time: the list of each key
-    of ``arrays`` is handed to that key's function as its items, one at a time (each item's
-    value and where its text starts and ends), and the function's result is that key's
-    value; every other value is parsed whole. Raises ``ValueError`` (``IndexError``,
-    ``RecursionError``) for anything that is not plain JSON of that shape, or that
-    ``json.loads`` would read otherwise (a key given twice, a trailing comma): the caller
-    then reads the text the one strict way, whose error says what is wrong. A text
-    :func:`needs_whole_check` says so is the caller's to refuse first."""
+    """The top-level JSON object of ``source`` (a text, or its UTF-8 bytes in chunks: then
+    decoded as the scan reaches them, never whole), read a value at a time: the list of
+    each key of ``arrays`` is handed to that key's function as its items, one at a time
+    (each item's value and its text), and the function's result is that key's value; every
+    other value is parsed whole. Raises ``ValueError`` (``IndexError``, ``RecursionError``)
+    for anything that is not plain JSON of that shape, or that ``json.loads`` would read
+    otherwise (a key given twice, a trailing comma), or that :func:`needs_whole_check`
+    says must be checked whole: the caller then reads the text the one strict way, whose
+    error says what is wrong. A whole text that needs that check is the caller's to refuse
+    first."""
+    src = _Text(source)
+
     def space(i: int) -> int:
-        return _SPACE.match(text, i).end()  # type: ignore[union-attr]  # always matches
+        while True:
+            end = _SPACE.match(src.text, i).end()  # type: ignore[union-attr]  # always matches
+            if end < len(src.text) or not src.more():
+                return end
+
+    def at(i: int) -> str:
+        while i >= len(src.text) and src.more():
+            pass
+        return src.text[i]  # IndexError past the end
+
+    def value(i: int) -> tuple[Any, int]:
+        """The value at ``i`` and where it ends: decoded again with more text while it ends
+        within 3 characters of what was read, or is cut by it: a number cut there reads as
+        a shorter one (``1`` of ``1e+5``, ``0`` of ``0.5``), and with 3 characters more it
+        would have read on."""
+        while True:
+            try:
+                found, end = STRICT_DECODER.raw_decode(src.text, i)
+            except json.JSONDecodeError:
+                if src.more():
+                    continue
+                raise
+            if end + 3 <= len(src.text) or not src.more():
+                return found, end
 
     def next_value(i: int, close: str) -> int:
         """Where the next value starts after one that ended at ``i``, or the ``close``
         bracket: a comma between values, none before the bracket."""
         i = space(i)
-        if text[i] == ",":
+        if at(i) == ",":
             i = space(i + 1)
-            if text[i] == close:
+            if at(i) == close:
                 raise ValueError("a trailing comma")
-        elif text[i] != close:
+        elif at(i) != close:
             raise ValueError("no comma")
         return i
 
-    def items(i: int, end: list[int]) -> Iterator[tuple[Any, int, int]]:
-        while text[i] != "]":
-            start = i
-            value, stop = STRICT_DECODER.raw_decode(text, i)
+    def items(i: int, end: list[int]) -> Iterator[tuple[Any, str]]:
+        while at(i) != "]":
+            i = src.forget(i)
+            found, stop = value(i)
+            text = src.text[i:stop]
             i = next_value(stop, "]")
-            yield value, start, stop
+            yield found, text
         end.append(i + 1)
 
     head: dict[str, Any] = {}
     i = space(0)
-    if text[i] != "{":
+    if at(i) != "{":
         raise ValueError("not an object")
     i = space(i + 1)
-    while text[i] != "}":
-        if text[i] != '"':
+    while at(i) != "}":
+        i = src.forget(i)
+        if at(i) != '"':
             raise ValueError("a key is not a string")
-        key, i = STRICT_DECODER.raw_decode(text, i)
+        key, i = value(i)
         i = space(i)
-        if text[i] != ":" or key in head:
+        if at(i) != ":" or key in head:
             raise ValueError("no colon, or a key given twice")
         i = space(i + 1)
         take = arrays.get(key)
-        if take is not None and text[i] == "[":
+        if take is not None and at(i) == "[":
             end: list[int] = []
             head[key] = take(items(space(i + 1), end))
             if not end:
                 raise ValueError(f"{key}: not every item was read")
             i = end[0]
         else:
-            head[key], i = STRICT_DECODER.raw_decode(text, i)
+            head[key], i = value(i)
         i = next_value(i, "}")
-    if space(i + 1) != len(text):
+    if space(i + 1) != len(src.text):
         raise ValueError("more after the object")
     return head

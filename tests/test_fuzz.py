@@ -369,3 +369,72 @@ def test_any_threshold_in_a_config_file_raises_only_typed_errors(
         load_config(config_file)
     except EvalsnapError:
         pass
+
+
+# ---- the scan of a stored object's text, whole or a chunk of bytes at a time -------------------
+
+
+def _scanned(source: Any) -> Any:
+    """scan_object's result with "rows" read as items (value, text), or the error's type."""
+    from evalsnap.jsonsafe import scan_object
+
+    try:
+        return scan_object(source, {"rows": lambda items: list(items)})
+    except (ValueError, IndexError, RecursionError) as exc:
+        return type(exc) if not isinstance(exc, ValueError) else ValueError
+
+
+def _in_chunks(data: bytes, sizes: list[int]) -> list[bytes]:
+    out, i, k = [], 0, 0
+    while i < len(data):
+        size = sizes[k % len(sizes)]
+        out.append(data[i:i + size])
+        i, k = i + size, k + 1
+    return out
+
+
+@FUZZ
+@given(head=json_objects, rows=st.lists(json_values, max_size=6),
+       spaces=st.sampled_from(["", " ", "\n  "]), sizes=st.lists(st.integers(1, 9), min_size=1,
+                                                                   max_size=4))
+def test_a_streamed_scan_reads_what_the_whole_text_reads(head: dict[str, Any], rows: list[Any],
+                                                        spaces: str, sizes: list[int]) -> None:
+    """Issue 31: a long stored object is read a chunk of bytes at a time (its text never
+    whole). Cut anywhere, even inside a number, a literal, an escape or a multi-byte
+    character, it reads as the whole text does: the same values, the same row texts."""
+    doc = {**head, "rows": rows}
+    text = json.dumps(doc, ensure_ascii=False, indent=len(spaces) or None)
+    whole = _scanned(text)
+    if isinstance(whole, dict):  # a text json.loads reads, unless it needs the whole check
+        assert {k: v for k, v in whole.items() if k != "rows"} == \
+            {k: v for k, v in json.loads(text).items() if k != "rows"}
+        assert [json.loads(t) for _, t in whole["rows"]] == json.loads(text)["rows"]
+    streamed = _scanned(_in_chunks(text.encode(), sizes))
+    if whole is ValueError or streamed is ValueError:
+        # a lone surrogate escape: the whole is the caller's to check (needs_whole_check)
+        assert "\\u" in text
+    else:
+        assert streamed == whole
+
+
+@FUZZ
+@given(text=st.text(alphabet='{}[]",:0123456789.eE+-tructfalsenul \\u\n', max_size=40)
+       | st.sampled_from(['{"rows": [1, 2,]}', '{"a": 1, "a": 2}', '{"rows": [1] } x',
+                          '{"rows": [12', '{"a": tru', '{"rows": [1 2]}', '{"a": 1}{"b": 2}']),
+       sizes=st.lists(st.integers(1, 5), min_size=1, max_size=3))
+def test_a_streamed_scan_refuses_what_the_whole_text_refuses(text: str, sizes: list[int]) -> None:
+    """Any text, cut anywhere: the streamed scan reads it as the whole scan does, or both
+    refuse it (the caller then reads it the one strict way, which says what is wrong)."""
+    whole, streamed = _scanned(text), _scanned(_in_chunks(text.encode(), sizes))
+    if isinstance(whole, dict) or isinstance(streamed, dict):
+        assert streamed == whole
+    else:
+        assert streamed in (ValueError, IndexError, RecursionError)
+
+
+def test_bytes_that_are_no_utf8_are_refused_a_chunk_at_a_time() -> None:
+    from evalsnap.jsonsafe import scan_object
+
+    for data in ['{"rows": ["é"]}'.encode()[:-4], b'{"rows": ["\xff"]}', b'{"rows": ["\xc3']:
+        with pytest.raises(ValueError):
+            scan_object(_in_chunks(data, [1]), {"rows": list})

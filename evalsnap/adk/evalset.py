@@ -269,9 +269,9 @@ def _cases_streamed(text: str, where: str) -> EvalCases | None:
     rows: Rows[EvalCase] = Rows(EvalCase)
     checks = _CaseChecks(where)
 
-    def take(items: Iterator[tuple[Any, int, int]]) -> list[Any]:
+    def take(items: Iterator[tuple[Any, str]]) -> list[Any]:
         batch: list[EvalCase] = []
-        for item, _, _ in items:
+        for item, _ in items:
             _check_spellings(item, where)
             batch.append(case := EvalCase.model_validate(item))
             checks.add(case)

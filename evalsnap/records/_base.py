@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, model_validator
 
 from evalsnap.errors import CorruptRecordError, EvalsnapError, UnsupportedSchemaVersion
-from evalsnap.jsonsafe import needs_whole_check, scan_object, strict_json
+from evalsnap.jsonsafe import scan_object, strict_json
 from evalsnap.rows import Rows
+from storage.errors import StorageError
 
 __all__ = ["CaseRepetition", "CorruptRecordError", "FrozenModel", "StoredModel", "first_problem",
            "parse_stored"]  # the error: evalsnap.errors
@@ -172,13 +173,23 @@ class StoredModel(FrozenModel):
         else that is wrong with them ``CorruptRecordError``. The :attr:`ROWS` fields are read
         an item at a time; whatever that reading does not take (a problem in the bytes, a
         lone surrogate escape) is read the one strict way, which says what is wrong."""
+        return cls.from_parts(lambda: _chunks(data), where=where)
+
+    @classmethod
+    def from_parts(cls, parts: Callable[[], Iterable[bytes]], *, where: str = "") -> Self:
+        """:meth:`from_bytes` of bytes given a part at a time by ``parts()`` (called again,
+        for the strict read, if the rows' reading refuses them; a storage error it raises,
+        such as a damaged object found once its last part was read, is the caller's). The
+        :attr:`ROWS` fields are read as the parts come: the bytes and text of a long record
+        are never whole."""
         if cls.ROWS:
             try:
-                text = data.decode("utf-8")
-                if not needs_whole_check(text):
-                    return cls.from_data(_with_rows(text, cls.ROWS), where=where)
+                return cls.from_data(_with_rows(parts(), cls.ROWS), where=where)
+            except StorageError:
+                raise
             except (ValueError, IndexError, RecursionError, ValidationError, EvalsnapError):
                 pass  # read again the strict way: its error names the problem
+        data = b"".join(parts())
         return cls.from_data(parse_stored(data, what=f"{cls.KIND} {where}".strip()),
                              where=where)
 
@@ -209,19 +220,31 @@ def first_problem(exc: ValidationError) -> str:
 _BATCH = 256
 
 
-def _with_rows(text: str, rows: dict[str, type[FrozenModel]]) -> dict[str, Any]:
-    """A stored object's top-level JSON object, each of its ``rows`` fields (a list) as
-    :class:`Rows` of that model, an item parsed, checked and let go at a time
-    (:func:`~evalsnap.jsonsafe.scan_object`); ``ValueError``/``IndexError``/
-    ``ValidationError`` for anything that is not plain JSON of that shape (the caller then
-    reads it the strict way)."""
+#: Bytes of a stored object decoded at a time when it is read as rows (:func:`_with_rows`).
+_CHUNK = 1 << 20
+
+
+def _chunks(data: bytes) -> Iterator[bytes]:
+    view = memoryview(data)
+    for start in range(0, len(view), _CHUNK):
+        yield bytes(view[start:start + _CHUNK])
+
+
+def _with_rows(source: Iterable[bytes], rows: dict[str, type[FrozenModel]]) -> dict[str, Any]:
+    """A stored object's top-level JSON object from its bytes in chunks, each of its
+    ``rows`` fields (a list) as :class:`Rows` of that model, an item parsed, checked and let
+    go at a time (:func:`~evalsnap.jsonsafe.scan_object`: the text decoded as it is
+    reached; a snapshot of 30,000 cases is ~66 MB of it, which its bytes and their whole
+    text held twice while it was read); ``ValueError``/``IndexError``/``ValidationError``
+    for anything that is not plain JSON of that shape, or holds an escape that is checked
+    on the whole (the caller then reads it the strict way)."""
     def rows_of(model: type[FrozenModel]) -> Any:
-        def take(items: Iterator[tuple[Any, int, int]]) -> Rows[Any]:
+        def take(items: Iterator[tuple[Any, str]]) -> Rows[Any]:
             found: Rows[Any] = Rows(model)
             batch: list[bytes] = []
-            for value, start, end in items:
+            for value, text in items:
                 model.model_validate(value)  # checked; the row is the item's own JSON
-                batch.append(text[start:end].encode())
+                batch.append(text.encode())
                 if len(batch) >= _BATCH:
                     found.extend_json(batch)
                     batch.clear()
@@ -229,4 +252,4 @@ def _with_rows(text: str, rows: dict[str, type[FrozenModel]]) -> dict[str, Any]:
             return found
         return take
 
-    return scan_object(text, {key: rows_of(model) for key, model in rows.items()})
+    return scan_object(source, {key: rows_of(model) for key, model in rows.items()})

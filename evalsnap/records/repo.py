@@ -172,11 +172,11 @@ class WriteBatch:
 
 
 def get(store: Store, cls: type[M], oid: str) -> M:
-    try:
-        data = store.get_object(cls.KIND, oid)
+    try:  # a record or snapshot parsed as its bytes are read (a part at a time on disk)
+        value = cls.from_parts(lambda: store.get_object_parts(cls.KIND, oid), where=oid) \
+            if cls.ROWS else cls.from_bytes(store.get_object(cls.KIND, oid), where=oid)
     except ObjectNotFound as exc:
         raise NotFoundError(f"{cls.KIND} {oid} is not in store {store.url}: {exc}") from exc
-    value = cls.from_bytes(data, where=oid)
     if isinstance(value, EvaluationRecord):
         locate_units(store, value)
     return value
