@@ -119,9 +119,18 @@ def scan_object(source: str | Iterable[bytes],
 
     def space(i: int) -> int:
         while True:
-            end = _SPACE.match(src.text, i).end()  # type: ignore[union-attr]  # always matches
-            if end < len(src.text) or not src.more():
-                return end
+            i = _SPACE.match(src.text, i).end()  # type: ignore[union-attr]  # always matches
+            if i < len(src.text) or not src.more():  # whitespace up to the end: read on from there
+                return i
+
+    def grow(i: int) -> bool:
+        """More text for a value that starts at ``i``: at least as much again as there is
+        from ``i`` (a value decoded again from its start after each chunk would cost the
+        square of its length: a crafted object of one 1 GB string)."""
+        want, grew = 2 * len(src.text) - i + 1, False
+        while len(src.text) < want and src.more():
+            grew = True
+        return grew
 
     def at(i: int) -> str:
         while i >= len(src.text) and src.more():
@@ -137,10 +146,10 @@ def scan_object(source: str | Iterable[bytes],
             try:
                 found, end = STRICT_DECODER.raw_decode(src.text, i)
             except json.JSONDecodeError:
-                if src.more():
+                if grow(i):
                     continue
                 raise
-            if end + 3 <= len(src.text) or not src.more():
+            if end + 3 <= len(src.text) or not grow(i):
                 return found, end
 
     def next_value(i: int, close: str) -> int:

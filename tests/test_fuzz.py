@@ -438,3 +438,26 @@ def test_bytes_that_are_no_utf8_are_refused_a_chunk_at_a_time() -> None:
     for data in ['{"rows": ["é"]}'.encode()[:-4], b'{"rows": ["\xff"]}', b'{"rows": ["\xc3']:
         with pytest.raises(ValueError):
             scan_object(_in_chunks(data, [1]), {"rows": list})
+
+
+def test_a_long_value_is_not_decoded_again_after_every_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A value longer than a chunk is decoded again with at least as much text again each
+    time, not after every chunk: a crafted object of one long string (up to the 1 GiB an
+    object may have) costs its length, not its square. Counted in decode calls."""
+    from evalsnap import jsonsafe
+
+    calls = [0]
+    decode = jsonsafe.STRICT_DECODER.raw_decode
+
+    def counted(text: str, i: int = 0) -> Any:
+        calls[0] += 1
+        return decode(text, i)
+
+    monkeypatch.setattr(jsonsafe.STRICT_DECODER, "raw_decode", counted)
+    doc = {"a": "x" * 200_000, "b": [1.5] * 20_000, "rows": [{"n": i} for i in range(50)]}
+    data = json.dumps(doc).encode()
+    head = jsonsafe.scan_object(_in_chunks(data, [100]), {"rows": list})  # ~6,000 chunks
+    assert head["a"] == doc["a"] and head["b"] == doc["b"] and len(head["rows"]) == 50
+    assert calls[0] < 150, calls[0]  # keys, values and rows, and a few decodes again
+    assert jsonsafe.scan_object(" " * 100_000 + json.dumps(doc) + " " * 100_000,
+                                {"rows": list})["a"] == doc["a"]
