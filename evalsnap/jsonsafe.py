@@ -75,11 +75,16 @@ class _Text:
         self.text = source if isinstance(source, str) else ""
         self._chunks: Iterator[bytes] | None = None if isinstance(source, str) else iter(source)
         self._decode = codecs.getincrementaldecoder("utf-8")("strict").decode
+        self._tail = ""  # the last characters decoded: an escape cut between chunks is found
 
-    def more(self) -> bool:
-        """Decodes the next chunk onto the text; False at the end (a character cut at the
-        end, or bytes that are no UTF-8, raise ``ValueError``)."""
-        while self._chunks is not None:
+    def more(self, at_least: int = 1) -> bool:
+        """Decodes the next chunks onto the text, ``at_least`` characters (joined to it
+        once: appending a chunk at a time would copy a long text once per chunk); False
+        at the end (a character cut at the end, or bytes that are no UTF-8, raise
+        ``ValueError``)."""
+        parts: list[str] = []
+        got = 0
+        while self._chunks is not None and got < at_least:
             chunk = next(self._chunks, None)
             part = self._decode(chunk if chunk is not None else b"", final=chunk is None)
             if chunk is None:
@@ -87,11 +92,14 @@ class _Text:
             if part:
                 # an escape the whole must be checked for (even cut between two chunks):
                 # the caller reads the whole the strict way
-                if needs_whole_check(self.text[-5:] + part):
+                if needs_whole_check(self._tail + part):
                     raise ValueError("an escape that is checked on the whole text")
-                self.text += part
-                return True
-        return False
+                self._tail = (self._tail + part)[-5:]
+                parts.append(part)
+                got += len(part)
+        if parts:
+            self.text += "".join(parts)
+        return bool(parts)
 
     def forget(self, i: int) -> int:
         """Lets go of the text before ``i`` when streamed and more than :data:`_KEEP` (a
@@ -127,10 +135,7 @@ def scan_object(source: str | Iterable[bytes],
         """More text for a value that starts at ``i``: at least as much again as there is
         from ``i`` (a value decoded again from its start after each chunk would cost the
         square of its length: a crafted object of one 1 GB string)."""
-        want, grew = 2 * len(src.text) - i + 1, False
-        while len(src.text) < want and src.more():
-            grew = True
-        return grew
+        return src.more(len(src.text) - i + 1)
 
     def at(i: int) -> str:
         while i >= len(src.text) and src.more():

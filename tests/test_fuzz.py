@@ -461,3 +461,14 @@ def test_a_long_value_is_not_decoded_again_after_every_chunk(monkeypatch: pytest
     assert calls[0] < 150, calls[0]  # keys, values and rows, and a few decodes again
     assert jsonsafe.scan_object(" " * 100_000 + json.dumps(doc) + " " * 100_000,
                                 {"rows": list})["a"] == doc["a"]
+
+
+def test_an_escape_checked_on_the_whole_is_found_cut_across_chunks() -> None:
+    """A lone surrogate escape (``\\ud800``) makes a stored object's rows read the strict
+    way (which refuses it), even cut across chunks of one byte."""
+    from evalsnap.jsonsafe import scan_object
+
+    data = b'{"rows": ["a\\ud800b"]}'
+    for size in (1, 2, 3, 7, len(data)):
+        with pytest.raises(ValueError, match="checked on the whole"):
+            scan_object(_in_chunks(data, [size]), {"rows": list})
