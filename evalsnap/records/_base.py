@@ -173,6 +173,9 @@ class StoredModel(FrozenModel):
         else that is wrong with them ``CorruptRecordError``. The :attr:`ROWS` fields are read
         an item at a time; whatever that reading does not take (a problem in the bytes, a
         lone surrogate escape) is read the one strict way, which says what is wrong."""
+        if not cls.ROWS:  # a small object (a unit, an inference): parsed whole, no copies
+            return cls.from_data(parse_stored(data, what=f"{cls.KIND} {where}".strip()),
+                                 where=where)
         return cls.from_parts(lambda: _chunks(data), where=where)
 
     @classmethod
