@@ -15,7 +15,6 @@ import hashlib
 import logging
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +50,7 @@ from storage.ids import (
     validate_kind,
 )
 from storage.keymap import KeyMap
+from storage.readcache import ReadCache, SlabLRU
 
 __all__ = ["LAYOUT_VERSION", "Problem", "Store"]
 
@@ -95,80 +95,14 @@ def set_unpacker(unpack: Unpacker) -> None:
     _unpacker = unpack
 
 
-#: What an entry of the read cache takes besides its bytes' length and its key's (the key's
-#: and the bytes' object headers, the ordered dict's entry; measured with ``tracemalloc``):
-#: counted in its budget, so that the budget is the memory held. Counted as the bytes alone,
-#: the cache of a 30,000-case run held ~110,000 units of ~900 bytes (96 MB) and ~30 MB more
-#: than its budget; at 10,000 cases it held every unit, so the difference grew with the cases.
-ENTRY_BYTES = 176
+def _kept(kind: str, data: bytes) -> bytes | None:
+    """What the read cache keeps of an object just written: not a pack's bytes (its writer
+    keeps its members, :meth:`Store.hold_members`, and lets go of the pack at once)."""
+    return None if kind == PACK_KIND else data
 
 
-class _ByteLRU:
-    """Least-recently-used bytes by key, bounded by what they take in memory (their sizes,
-    their keys' and :data:`ENTRY_BYTES` each); thread-safe."""
-
-    def __init__(self, budget: int) -> None:
-        self._budget = budget
-        self._size = 0
-        self._items: OrderedDict[str, bytes] = OrderedDict()
-        self._lock = threading.Lock()
-
-    @staticmethod
-    def cost(key: str, data: bytes) -> int:
-        """What an entry takes of the budget."""
-        return len(data) + len(key) + ENTRY_BYTES
-
-    def get(self, key: str) -> bytes | None:
-        with self._lock:
-            data = self._items.get(key)
-            if data is not None:
-                self._items.move_to_end(key)
-            return data
-
-    def drop(self, key: str) -> None:
-        with self._lock:
-            old = self._items.pop(key, None)
-            if old is not None:
-                self._size -= self.cost(key, old)
-
-    def put(self, key: str, data: bytes, *, spare: bool = False) -> None:
-        """Keeps ``data`` under ``key``, letting go of the least recently used if need be;
-        ``spare``: only if it fits without letting anything go."""
-        cost = self.cost(key, data)
-        if cost > self._budget // 4:
-            return  # one huge object would evict everything else
-        with self._lock:
-            if spare and key not in self._items and self._size + cost > self._budget:
-                return
-            old = self._items.pop(key, None)
-            self._size += cost - (self.cost(key, old) if old is not None else 0)
-            self._items[key] = data
-            while self._size > self._budget and self._items:
-                dropped_key, dropped = self._items.popitem(last=False)
-                self._size -= self.cost(dropped_key, dropped)
-
-
-class _ReadCache:
-    """The read cache of a store instance: a :class:`_ByteLRU` for judge ledger entries
-    (:data:`READ_CACHE_JUDGE_BYTES`) and one for every other object."""
-
-    _JUDGE = f"{LAYOUT_VERSION}/objects/judge/"
-
-    def __init__(self) -> None:
-        self._judge = _ByteLRU(READ_CACHE_JUDGE_BYTES)
-        self._rest = _ByteLRU(READ_CACHE_BYTES - READ_CACHE_JUDGE_BYTES)
-
-    def _lane(self, key: str) -> _ByteLRU:
-        return self._judge if key.startswith(self._JUDGE) else self._rest
-
-    def get(self, key: str) -> bytes | None:
-        return self._lane(key).get(key)
-
-    def drop(self, key: str) -> None:
-        self._lane(key).drop(key)
-
-    def put(self, key: str, data: bytes, *, spare: bool = False) -> None:
-        self._lane(key).put(key, data, spare=spare)
+def _read_cache() -> ReadCache:
+    return ReadCache(READ_CACHE_BYTES, READ_CACHE_JUDGE_BYTES, f"{LAYOUT_VERSION}/objects/judge/")
 
 
 @dataclass(frozen=True)
@@ -218,7 +152,7 @@ class Store:
         self._pending_dirs: set[str] = set()
         # Objects are immutable: what this instance read (verified) or wrote, and what a
         # listing proved intact, need no second request (DESIGN.md "Store economy").
-        self._cache = _ReadCache()
+        self._cache = _read_cache()
         self._known: KeyMap[None] = KeyMap()
         self._listings: dict[str, dict[str, FileInfo]] = {}
         self._in_run = False  # remembering starts with new_run() (a run), ends with end_run()
@@ -244,7 +178,7 @@ class Store:
         """Forget what this instance learnt of the store (read cache, objects known intact,
         listings) and start counting requests from zero: a new run reads what the store
         holds now (another process may have damaged or deleted objects since)."""
-        self._cache = _ReadCache()
+        self._cache = _read_cache()
         self._known = KeyMap()
         self._listings = {}
         self.run_memo = {}
@@ -362,7 +296,7 @@ class Store:
                 raise self._b.missing_bucket(what) from exc
         if not created and not self._proved(rel, data):
             self._repair_if_damaged(rel, data, oid, what)
-        self._learn(rel, data)
+        self._learn(rel, _kept(kind, data))
         if kind == PACK_KIND:
             self._damaged_packs.pop(oid, None)
         return oid
@@ -430,7 +364,7 @@ class Store:
         for rel, data in todo.items():
             if not written[self._path(rel)] and not self._proved(rel, data):
                 self._repair_if_damaged(rel, data, oid_of(data), f"writing {self._url(rel)}")
-            self._learn(rel, data)
+            self._learn(rel, _kept(kind, data))
         if kind == PACK_KIND:
             for oid in oids:
                 self._damaged_packs.pop(oid, None)
@@ -475,7 +409,7 @@ class Store:
         kind = validate_kind(kind)
         rel = object_rel(kind, oid)
         if self._b.protocol == "file" and kind not in PACKED_KINDS and not (
-                rel in self._known and self._cache.get(rel) is not None):
+                rel in self._known and self._cache.holds(rel)):
             self._ensure_ready()
             what, path = f"reading {self._url(rel)}", self._path(rel)
             with self._b.failures(what):
@@ -689,7 +623,7 @@ class Store:
         opened it while this one waited)."""
         for oid, rel in todo.items():
             found = self._found_in.get(oid)
-            if found == pack_oid and self._cache.get(rel) is None:
+            if found == pack_oid and not self._cache.holds(rel):
                 return True
             if found is None and pack_oid in self._holders.get(oid, ()) \
                     and pack_oid not in self._opened:
@@ -1007,12 +941,12 @@ class Store:
             memo.put(name, data)
         return data
 
-    def _task_results(self) -> _ByteLRU:
+    def _task_results(self) -> SlabLRU:
         """Task results this run wrote or read, the most recent :data:`TASK_RESULTS_BYTES`
         (every one of a 6,000-case run's was 13 MB kept to its end; memray)."""
         memo = self.run_memo.get("task results")
-        if not isinstance(memo, _ByteLRU):
-            memo = self.run_memo.setdefault("task results", _ByteLRU(TASK_RESULTS_BYTES))
+        if not isinstance(memo, SlabLRU):
+            memo = self.run_memo.setdefault("task results", SlabLRU(TASK_RESULTS_BYTES))
         return memo  # type: ignore[no-any-return]
 
     def list_task_results(self) -> list[str]:

@@ -11,6 +11,7 @@ import pytest
 import storage.store as store_module
 from evalsnap.records import pack
 from storage import Store, oid_of
+from storage.readcache import ENTRY_BYTES, OWN_BYTES, SlabLRU
 
 
 def _members(n: int, size: int) -> list[tuple[str, bytes]]:
@@ -41,35 +42,75 @@ def test_a_full_cache_keeps_what_it_has_when_packs_are_opened_spare(
 
 
 def test_spare_puts_only_what_fits() -> None:
-    each = store_module._ByteLRU.cost("a", b"a" * 240)  # its bytes, its key, the entry
-    lru = store_module._ByteLRU(4 * each + each // 2)
-    for key in "abc":
-        lru.put(key, key.encode() * 240)
-    lru.put("d", b"d" * 240, spare=True)  # fits: 4 of 4.5
-    assert lru.get("d") == b"d" * 240
-    lru.put("e", b"e" * 240, spare=True)  # would push "a" out: not kept
-    assert lru.get("e") is None and lru.get("a") == b"a" * 240
-    lru.put("e", b"e" * 240)  # not spare: the least recently used ("b") goes
-    assert lru.get("e") == b"e" * 240 and lru.get("b") is None and lru.get("a") is not None
+    lru = SlabLRU(4 * 1000, slab_bytes=1000)  # four slabs (the keys' cost aside)
+    for key in "abc":  # a slab each (700 bytes: two do not fit in one)
+        lru.put(key, key.encode() * 700)
+    lru.put("d", b"d" * 700, spare=True)  # no fourth slab: its key's cost goes over
+    assert lru.get("d") is None and lru.size <= 4000
+    lru.put("e", b"e" * 200, spare=True)  # fits in the third slab's room
+    assert lru.get("e") == b"e" * 200
+    lru.put("d", b"d" * 700)  # not spare: the oldest slab goes, with "a" (never read)
+    assert lru.get("d") == b"d" * 700 and lru.get("a") is None
+    assert [lru.get(k) for k in "bce"] == [b"b" * 700, b"c" * 700, b"e" * 200]
+    assert lru.size <= 4000
+
+
+def test_the_least_recently_used_go_first() -> None:
+    """An entry read becomes the most recent: the least recently used go first, and a slab
+    is given back once none of its entries is kept."""
+    lru = SlabLRU(4 * 1000 + 4 * (3 + ENTRY_BYTES), slab_bytes=1000)
+    for key in ("k0", "k1", "k2", "k3"):
+        lru.put(key, key.encode().ljust(800, b"."))  # 800 bytes: a slab each
+    assert lru.get("k0") == b"k0".ljust(800, b".")  # now the most recent: k1 is the least
+    lru.put("k4", b"k4".ljust(800, b"."))
+    assert [k in lru for k in ("k0", "k1", "k2", "k3", "k4")] == [True, False, True, True, True]
+    assert len(lru._slabs) == 4 and lru.size <= lru._budget
+    for i in range(5, 40):  # k0 read every time: never let go of, while the rest come and go
+        lru.put(f"k{i}", f"k{i}".encode().ljust(800, b"."))
+        assert lru.get("k0") == b"k0".ljust(800, b".")
+    assert "k5" not in lru and lru.get("k39") == b"k39".ljust(800, b".") and lru.size <= lru._budget
+
+
+def test_a_slab_mostly_let_go_of_is_emptied_before_anything_else_goes() -> None:
+    lru = SlabLRU(3 * 1000 + 12 * (3 + ENTRY_BYTES), slab_bytes=1000)
+    for i in range(9):  # three slabs of three 300-byte entries
+        lru.put(f"k{i:02}", bytes([i]) * 300)
+    for i in (0, 1, 3, 4):  # the first two slabs: one entry left in each
+        lru.drop(f"k{i:02}")
+    lru.put("k09", b"\x09" * 300)  # room from emptying the sparse slabs, nothing let go of
+    assert all(lru.get(f"k{i:02}") == bytes([i]) * 300 for i in (2, 5, 6, 7, 8, 9))
+    assert lru.size <= lru._budget and len(lru._slabs) <= 3
+
+
+def test_large_entries_are_their_own_and_go_whole() -> None:
+    big = b"x" * (OWN_BYTES + 1)
+    lru = SlabLRU(8 * OWN_BYTES)
+    lru.put("big", big)
+    assert lru.get("big") is big  # not copied in, nor out
+    lru.drop("big")
+    assert lru.get("big") is None and lru.size == 0
 
 
 def test_an_entry_costs_what_it_holds_in_memory() -> None:
-    """The budget is the memory the entries hold, their keys and the dict's entries too, not
-    only their bytes: many small objects (units) stay within it, measured."""
+    """The budget is the memory the cache takes: its slabs (mapped whole, whatever they hold),
+    and each entry's key and place in the index, measured: many small objects (units) stay
+    within it."""
     import hashlib
     import tracemalloc
 
     keys = [f"v1/objects/unit/{h[:2]}/{h[2:]}"
-            for h in (hashlib.sha256(str(i).encode()).hexdigest() for i in range(20_000))]
+            for h in (hashlib.sha256(str(i).encode()).hexdigest() for i in range(40_000))]
     budget = 4 << 20
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        lru = store_module._ByteLRU(budget)
+        lru = SlabLRU(budget)
         for i, key in enumerate(keys):  # made here: held by the cache alone once kept
             lru.put(key[:-1] + key[-1], str(i).encode() * 100)
-        held = tracemalloc.get_traced_memory()[0] - before
+        index = tracemalloc.get_traced_memory()[0] - before  # the slabs are not the heap's
     finally:
         tracemalloc.stop()
-    assert lru._size <= budget
-    assert budget * 0.85 <= held <= budget * 1.1, held
+    slabs = sum(len(slab) for slab in lru._slabs.values())
+    assert lru.size <= budget
+    assert budget * 0.85 <= index + slabs <= budget * 1.1, (index, slabs)
+    assert 0 < len(lru) < len(keys)
