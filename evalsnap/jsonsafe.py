@@ -205,3 +205,34 @@ def scan_object(source: str | Iterable[bytes],
     if space(i + 1) != len(src.text):
         raise ValueError("more after the object")
     return head
+
+
+def scan_array(text: str) -> Iterator[Any]:
+    """The items of the top-level JSON array ``text``, each parsed when it is reached (a
+    cached task result is checked an item at a time, :mod:`evalsnap.records.task_results`):
+    as :func:`strict_json` reads them, else ``ValueError`` (also
+    for a trailing comma, a missing one, or anything after the array) when the iteration
+    reaches it."""
+    i = _SPACE.match(text).end()  # type: ignore[union-attr]  # always matches
+    if text[i:i + 1] != "[":
+        raise ValueError("not a list")
+    i = _SPACE.match(text, i + 1).end()  # type: ignore[union-attr]
+    if text[i:i + 1] != "]":
+        while True:
+            try:
+                item, stop = STRICT_DECODER.raw_decode(text, i)
+            except RecursionError:
+                raise ValueError("it is nested too deeply") from None
+            if "\\u" in text[i:stop] and _NEEDS_CHECK.search(text, i, stop):
+                strict_json(text[i:stop])  # its error says what is wrong
+            yield item
+            i = _SPACE.match(text, stop).end()  # type: ignore[union-attr]
+            if text[i:i + 1] == "]":
+                break
+            if text[i:i + 1] != ",":
+                raise ValueError("no comma between the items of a list")
+            i = _SPACE.match(text, i + 1).end()  # type: ignore[union-attr]
+            if text[i:i + 1] == "]":
+                raise ValueError("a trailing comma")
+    if _SPACE.match(text, i + 1).end() != len(text):  # type: ignore[union-attr]
+        raise ValueError("more after the list")

@@ -29,7 +29,7 @@ from pydantic import Field
 
 from evalsnap.errors import EvalsnapError
 from evalsnap.pipeline import context, reuse
-from evalsnap.records.task_results import SERIALIZER_TYPE, loads_plain, plain, record_value
+from evalsnap.records.task_results import SERIALIZER_TYPE, loads_plain, plain, record_items
 from evalsnap.rows import Rows
 from storage import TooLarge
 
@@ -70,8 +70,8 @@ class StoreResults(WritableFileSystem):
         if known is not None:
             return known
         try:
-            value = record_value(data)
-            ok = reuse.cache_hit_usable(ctx.store, key, value)
+            record_items(data)  # a record of ours, or ValueError now
+            ok = reuse.cache_hit_usable(ctx.store, key, lambda: record_items(data))
             if not ok:
                 logger.info("cached result %s does not match the store's indexes; "
                             "running the task again", key)
@@ -95,10 +95,10 @@ class StoreResults(WritableFileSystem):
 
     def write_path(self, path: str, content: bytes, **_: Any) -> str:  # type: ignore[override]
         try:
-            value = record_value(content)
+            items = record_items(content)  # each parsed as it is checked, never all at once
         except ValueError as exc:
             logger.warning("not caching task result %s: %s", path, exc)
             return path
-        if reuse.cacheable(path, value):
+        if reuse.cacheable(path, items):
             context.of(self.store_url).store.put_task_result(path, content)
         return path

@@ -472,3 +472,28 @@ def test_an_escape_checked_on_the_whole_is_found_cut_across_chunks() -> None:
     for size in (1, 2, 3, 7, len(data)):
         with pytest.raises(ValueError, match="checked on the whole"):
             scan_object(_in_chunks(data, [size]), {"rows": list})
+
+
+@FUZZ
+@given(items=st.lists(json_values, max_size=6), cut=st.integers(0, 400),
+       space=st.sampled_from(["", " ", "\n\t "]))
+def test_a_list_read_an_item_at_a_time_is_the_list_or_refused_as_it_is(
+        items: list[Any], cut: int, space: str) -> None:
+    """scan_array reads any JSON list, cut anywhere or not, as strict_json reads it whole:
+    the same items, or a ValueError (never another error, never other items)."""
+    from evalsnap.jsonsafe import scan_array, strict_json
+
+    whole = space + json.dumps(items, separators=("," + space, ":")) + space
+    for text in (whole, whole[:cut]):
+        try:
+            expected: Any = strict_json(text)
+        except ValueError:
+            expected = ValueError
+        try:
+            got: Any = list(scan_array(text))
+        except ValueError:
+            got = ValueError
+        if expected is not ValueError and not isinstance(expected, list):
+            assert got is ValueError  # JSON, but not a list
+        else:
+            assert got == expected, text

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prefect.serializers import JSONSerializer, PickleSerializer
@@ -165,3 +166,36 @@ def test_alike_answers_of_another_repetition_are_another_key() -> None:
     assert key_one != key_two
     assert reuse.cacheable(key_one, [round_one])
     assert not reuse.cacheable(key_two, [round_one])
+
+
+def test_a_result_is_checked_an_item_at_a_time_as_it_is_read() -> None:
+    """A stored result is parsed an item at a time (a metric's holds a row per case): the
+    check reads items only while they pass, and a result that is not a plain list of
+    outcomes is refused, as the whole parse refused it."""
+    from evalsnap.records.task_results import record_items
+
+    units = [_unit(f"sha256:u{i}") for i in range(5)]
+    key = reuse.score_key("m", [("c", 0, f"sha256:u{i}") for i in range(5)])
+    data = _record({"type": "evalsnap-ids"}, json.dumps(units))
+    assert list(record_items(data)) == units
+    assert reuse.cacheable(key, record_items(data))  # an iterator, read once
+    assert not reuse.cacheable(key, record_items(_record({"type": "evalsnap-ids"},
+                                                         json.dumps(units[:4]))))
+    read: list[dict] = []
+    bad = [units[0], _unit("sha256:u1", complete=False), *units[2:]]
+
+    def counted() -> Any:
+        for item in record_items(_record({"type": "evalsnap-ids"}, json.dumps(bad))):
+            read.append(item)
+            yield item
+
+    assert not reuse.cacheable(key, counted()) and len(read) == 2  # stopped at the bad one
+    text = json.dumps(units)
+    for result in (text[:-1] + ",]", text.replace("},", "}", 1), text + "[]", "{}",
+                   text[:-1] + ', NaN]', text[:-1] + ', "\\ud800"]', "[" * 40 + "]" * 40,
+                   text[:-1]):
+        with pytest.raises(ValueError):
+            list(record_items(_record({"type": "evalsnap-ids"}, result)))
+        assert not reuse.cacheable(key, record_items(_record({"type": "evalsnap-ids"}, result)))
+    with pytest.raises(ValueError):  # not ours: refused when asked, before any item
+        record_items(_record({"type": "pickle"}, text))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pydantic import ValidationError
@@ -216,50 +217,62 @@ def refresh_cache(request: Any) -> bool:
     return not request.reuse or bool(getattr(request, "force", False))
 
 
-def _parse(key: str, value: Any) -> list[InferenceOutcome] | list[UnitOutcome] | None:
-    if not isinstance(value, list) or not value:
-        return None
+def _outcomes(key: str, items: Iterable[Any]) -> Iterator[InferenceOutcome | UnitOutcome]:
+    """The items of a result cached under ``key`` as their models, one at a time
+    (``ValidationError``, ``TypeError`` or ``ValueError`` for an item that is not one)."""
     model = InferenceOutcome if key.startswith("infer-") else UnitOutcome
-    if not key.startswith(("infer-", "score-")):
-        return None
-    try:
-        return [model.model_validate(v) for v in value]  # type: ignore[misc, return-value]
-    except (ValidationError, TypeError, ValueError):
-        return None
+    for item in items:
+        yield model.model_validate(item)
 
 
-def _key_of(outcomes: list[InferenceOutcome] | list[UnitOutcome]) -> str | None:
-    if isinstance(outcomes[0], InferenceOutcome):
-        return inference_key([o.fingerprint for o in outcomes])  # type: ignore[union-attr]
-    names = {o.metric_name for o in outcomes}  # type: ignore[union-attr]
-    if len(names) != 1:
-        return None
-    return score_key(names.pop(), [(o.eval_id, o.repetition, o.unit_fingerprint)  # type: ignore[union-attr]
-                                   for o in outcomes])
-
-
-def cacheable(key: str, value: Any) -> bool:
-    """Whether a task's result may be written to Prefect's cache under ``key``."""
-    outcomes = _parse(key, value)
-    if outcomes is None or _key_of(outcomes) != key:
+def cacheable(key: str, value: Iterable[Any]) -> bool:
+    """Whether a task's result may be written to Prefect's cache under ``key``: its items
+    (a list, or an iterable read once, an item at a time: a metric's result holds a row per
+    case) are each an outcome, all of one metric, each complete (an inference a success),
+    and together they make ``key``."""
+    if not key.startswith(("infer-", "score-")) or isinstance(value, str | bytes | dict):
         return False
-    return all(o.status == "success" if isinstance(o, InferenceOutcome) else o.complete
-               for o in outcomes)
+    lines = hashlib.sha256()  # _digest of the items' lines, as they come
+    names: set[str] = set()
+    count = 0
+    try:
+        for o in _outcomes(key, value):
+            if isinstance(o, InferenceOutcome):
+                line, done = o.fingerprint, o.status == "success"
+            else:
+                names.add(o.metric_name)
+                line, done = json.dumps([o.eval_id, o.repetition, o.unit_fingerprint]), o.complete
+            if not done or len(names) > 1:
+                return False
+            lines.update((b"\n" if count else b"") + line.encode())
+            count += 1
+    except (ValidationError, TypeError, ValueError, RecursionError):
+        return False
+    if not count:
+        return False
+    if key.startswith("infer-"):
+        return key == f"infer-{lines.hexdigest()}"
+    return key == _score_key(names.pop(), lines.hexdigest())
 
 
-def cache_hit_usable(store: Store, key: str, value: Any) -> bool:
+def cache_hit_usable(store: Store, key: str, items: Callable[[], Iterable[Any]]) -> bool:
     """Whether a result Prefect's cache holds under ``key`` may be used, item by item: an
     inference must pass the same checks as an indexed one (two cases with the same inputs
     may each have their own record of one fingerprint), a unit must be the very one the unit
-    index names (a superseded, or never published, unit is not)."""
-    if not cacheable(key, value):
+    index names (a superseded, or never published, unit is not). ``items`` gives the
+    result's items afresh each time it is called: they are checked as a whole first
+    (:func:`cacheable`), then each against the store, an item at a time both times."""
+    if not cacheable(key, items()):
         return False
-    for o in _parse(key, value) or []:
-        if isinstance(o, InferenceOutcome):
-            if usable_inference(store, o.oid, o.fingerprint) is None:
-                return False
-        else:
-            hit = find_unit(store, o.unit_fingerprint)
-            if isinstance(hit, str) or hit[0] != o.unit_oid:
-                return False
+    try:
+        for o in _outcomes(key, items()):
+            if isinstance(o, InferenceOutcome):
+                if usable_inference(store, o.oid, o.fingerprint) is None:
+                    return False
+            else:
+                hit = find_unit(store, o.unit_fingerprint)
+                if isinstance(hit, str) or hit[0] != o.unit_oid:
+                    return False
+    except (ValidationError, TypeError, ValueError, RecursionError):
+        return False
     return True

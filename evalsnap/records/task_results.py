@@ -9,9 +9,10 @@ parse of such a record, used by the result storage before Prefect sees a record 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
-from evalsnap.jsonsafe import strict_json
+from evalsnap.jsonsafe import scan_array, strict_json
 
 SERIALIZER_TYPE = "evalsnap-ids"
 #: A cached result is a list of small id records; anything much bigger is not ours.
@@ -43,8 +44,26 @@ def loads_plain(data: bytes | str) -> Any:
     return value
 
 
-def record_value(data: bytes) -> Any:
-    """The result inside a stored result record, if the record is one of ours; else
+def record_items(data: bytes) -> Iterator[Any]:
+    """The result inside a stored result record, if the record is one of ours, an item at a
+    time, each parsed as it is reached (a metric's result holds one row per case: the check
+    of a 6,006-case metric's 5.8 MB record held 17.4 MB at its peak parsed whole, 11.0 MB
+    so, the record's text and its result's; tracemalloc). ``ValueError``
+    from the call for a record that is not ours; from the iteration for a result that is
+    not a list of plain items."""
+    text = _result_text(data)
+
+    def items() -> Iterator[Any]:
+        for item in scan_array(text):
+            if not plain(item, 1):
+                raise ValueError("nested too deeply for a task result")
+            yield item
+
+    return items()
+
+
+def _result_text(data: bytes) -> str:
+    """The result text inside a stored result record, if the record is one of ours; else
     ``ValueError`` saying why."""
     if not data:
         raise ValueError("empty file (an interrupted write, or a full disk)")
@@ -60,4 +79,4 @@ def record_value(data: bytes) -> Any:
     result = record.get("result")
     if not isinstance(result, str):
         raise ValueError("its result is not text")
-    return loads_plain(result)
+    return result

@@ -44,7 +44,7 @@ from evalsnap.records import (
     segments,
 )
 from evalsnap.records._base import parse_stored
-from evalsnap.records.task_results import record_value
+from evalsnap.records.task_results import record_items
 from evalsnap.reports.history import REPORTS
 from storage import OBJECT_KINDS, InvalidId, Store, TooLarge
 from storage.gc import list_files
@@ -363,7 +363,8 @@ def _check_task_results(store: Store, report: VerifyReport) -> None:
             data = store.get_task_result(name)
             if data is None:
                 continue  # replaced or removed since the listing
-            record_value(data)
+            for _ in record_items(data):  # each item parsed and let go of in turn
+                pass
         except (ValueError, RecursionError, TooLarge) as exc:
             url = f"{store.url.rstrip('/')}/v1/prefect/{name}"
             report.findings.append(Finding(
