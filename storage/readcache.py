@@ -1,7 +1,7 @@
 """The read cache of a store instance: verified objects' bytes by key, bounded by the memory
 they take, the least recently used let go past the budget.
 
-The bytes are copied into slabs (anonymous memory maps of :data:`SLAB_BYTES`), not kept as
+The bytes are copied into slabs (private anonymous maps of :data:`SLAB_BYTES`), not kept as
 one ``bytes`` object each: a run keeps tens of thousands of 1-10 KB objects here for a while
 and lets go of them in another order than it made them, among the many more short-lived
 objects of the same sizes it makes meanwhile (a chunk's judge prompts, answers, unit JSON).
@@ -41,6 +41,17 @@ ENTRY_BYTES = 160
 
 _OFFSET_BITS = 23  # offsets and lengths within a slab: < 8 MB
 _MASK = (1 << _OFFSET_BITS) - 1
+
+
+def _slab(size: int) -> mmap.mmap:
+    """A new slab: private anonymous memory. Not ``mmap``'s default (shared), whose pages a
+    process forked from this one (``multiprocessing``'s fork, in user code) would share and
+    could overwrite: a copy-on-write page is the child's own."""
+    flags = getattr(mmap, "MAP_PRIVATE", None)
+    anonymous = getattr(mmap, "MAP_ANONYMOUS", None)
+    if flags is None or anonymous is None:  # Windows: an anonymous map is the process's own
+        return mmap.mmap(-1, size)
+    return mmap.mmap(-1, size, flags=flags | anonymous)
 
 
 def _where(serial: int, offset: int, length: int) -> int:
@@ -160,7 +171,7 @@ class SlabLRU:
                 self._free(self._filling)  # filled, and every entry let go of since
             self._serial += 1
             self._filling, self._fill = self._serial, 0
-            self._slabs[self._serial] = mmap.mmap(-1, self._slab_bytes)
+            self._slabs[self._serial] = _slab(self._slab_bytes)
             self._keys[self._serial], self._live[self._serial] = [], 0
             self._size += self._slab_bytes
         slab = self._slabs[self._filling]

@@ -114,3 +114,28 @@ def test_an_entry_costs_what_it_holds_in_memory() -> None:
     assert lru.size <= budget
     assert budget * 0.85 <= index + slabs <= budget * 1.1, (index, slabs)
     assert 0 < len(lru) < len(keys)
+
+
+def test_a_forked_child_cannot_change_what_the_cache_holds() -> None:
+    """A slab is private memory: a process forked from this one (multiprocessing's fork, in a
+    user's metric) that writes into its copy of the cache leaves this process's bytes as
+    they were (a shared map would hand out the child's bytes here, as if verified)."""
+    import multiprocessing
+    import sys
+
+    if sys.platform != "linux":
+        pytest.skip("fork")
+    lru = SlabLRU(8 << 20)
+    lru.put("a", b"a" * 1000)
+
+    def child() -> None:
+        lru.put("b", b"b" * 1000)  # the next 1,000 bytes of the same slab, in the child
+        slab = next(iter(lru._slabs.values()))
+        slab[0:1000] = b"x" * 1000  # and over "a" itself
+
+    proc = multiprocessing.get_context("fork").Process(target=child)
+    proc.start()
+    proc.join(30)
+    assert proc.exitcode == 0
+    lru.put("c", b"c" * 1000)
+    assert lru.get("a") == b"a" * 1000 and lru.get("c") == b"c" * 1000 and lru.get("b") is None
