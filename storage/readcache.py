@@ -134,15 +134,23 @@ class SlabLRU:
             slab.close()  # given back now, whole
 
     def put(self, key: str, data: bytes, *, spare: bool = False) -> None:
-        """Keeps ``data`` under ``key``, letting go of the least recently used if need be;
-        ``spare``: only if it fits without letting anything go. The bytes under a key are
-        immutable (an object's, verified): a key kept already only becomes the most recent."""
+        """Keeps ``data`` under ``key`` (instead of what it held), letting go of the least
+        recently used if need be; ``spare``: only if it fits without letting anything go.
+        The same bytes again (an object's: its members are put again as its pack is written)
+        only make the key the most recent."""
         if len(data) + self.cost(key) > self._budget // 4:
             return  # one huge object would push out everything else
         with self._lock:
-            if key in self._order:
-                self._order.move_to_end(key)
-                return
+            where = self._order.get(key)
+            if where is not None:
+                serial, offset, length = _parts(where)
+                slab = self._slabs[serial]
+                if length == len(data) and (slab if isinstance(slab, bytes) else
+                                            slab[offset:offset + length]) == data:
+                    self._order.move_to_end(key)
+                    return
+                del self._order[key]
+                self._let_go(key, where)
             if spare and self._size + self._grows(key, len(data)) > self._budget:
                 return
             self._make_room(key, len(data))

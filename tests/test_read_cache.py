@@ -139,3 +139,17 @@ def test_a_forked_child_cannot_change_what_the_cache_holds() -> None:
     assert proc.exitcode == 0
     lru.put("c", b"c" * 1000)
     assert lru.get("a") == b"a" * 1000 and lru.get("c") == b"c" * 1000 and lru.get("b") is None
+
+
+def test_a_key_put_again_holds_what_was_put_last() -> None:
+    """Prefect's task results are kept by name, and a name can be written again with other
+    bytes: the cache then hands out the new ones (the same bytes again only touch it)."""
+    lru = SlabLRU(64 * 1000, slab_bytes=1000)
+    lru.put("result", b"old" * 100)
+    lru.put("result", b"new" * 100)
+    assert lru.get("result") == b"new" * 100
+    lru.put("result", b"longer" * 100)
+    assert lru.get("result") == b"longer" * 100 and len(lru) == 1
+    slabs = len(lru._slabs)
+    lru.put("result", b"longer" * 100)  # the same again: no copy, no new place
+    assert len(lru._slabs) == slabs and lru.get("result") == b"longer" * 100
