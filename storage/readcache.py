@@ -108,9 +108,12 @@ class SlabLRU:
             if where is None:
                 return None
             self._order.move_to_end(key)
-            serial, offset, length = _parts(where)
-            slab = self._slabs[serial]
-            return slab if isinstance(slab, bytes) else slab[offset:offset + length]
+            return self._bytes(where)
+
+    def _bytes(self, where: int) -> bytes:
+        serial, offset, length = _parts(where)
+        slab = self._slabs[serial]
+        return slab if isinstance(slab, bytes) else slab[offset:offset + length]
 
     def drop(self, key: str) -> None:
         with self._lock:
@@ -143,10 +146,7 @@ class SlabLRU:
         with self._lock:
             where = self._order.get(key)
             if where is not None:
-                serial, offset, length = _parts(where)
-                slab = self._slabs[serial]
-                if length == len(data) and (slab if isinstance(slab, bytes) else
-                                            slab[offset:offset + length]) == data:
+                if _parts(where)[2] == len(data) and self._bytes(where) == data:
                     self._order.move_to_end(key)
                     return
                 del self._order[key]
@@ -212,10 +212,9 @@ class SlabLRU:
             where = self._order.get(k)
             if where is None or _parts(where)[0] != serial:
                 continue  # let go of already
-            _, offset, length = _parts(where)
-            self._live[serial] -= length
+            self._live[serial] -= _parts(where)[2]
             self._size -= self.cost(k)
-            self._order[k] = self._place(k, slab[offset:offset + length])  # same place in order
+            self._order[k] = self._place(k, self._bytes(where))  # same place in the order
         self._free(serial)
 
 

@@ -81,8 +81,7 @@ class StoreResults(WritableFileSystem):
         if known is not None:
             return known
         try:
-            record_items(data)  # a record of ours, or ValueError now
-            ok = reuse.cache_hit_usable(ctx.store, key, lambda: record_items(data))
+            ok = reuse.cache_hit_usable(ctx.store, key, record_items(data))
             if not ok:
                 logger.info("cached result %s does not match the store's indexes; "
                             "running the task again", key)

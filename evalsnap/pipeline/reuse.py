@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from pydantic import ValidationError
@@ -255,17 +255,17 @@ def cacheable(key: str, value: Iterable[Any]) -> bool:
     return key == _score_key(names.pop(), lines.hexdigest())
 
 
-def cache_hit_usable(store: Store, key: str, items: Callable[[], Iterable[Any]]) -> bool:
+def cache_hit_usable(store: Store, key: str, items: Iterable[Any]) -> bool:
     """Whether a result Prefect's cache holds under ``key`` may be used, item by item: an
     inference must pass the same checks as an indexed one (two cases with the same inputs
     may each have their own record of one fingerprint), a unit must be the very one the unit
-    index names (a superseded, or never published, unit is not). ``items`` gives the
-    result's items afresh each time it is called: they are checked as a whole first
-    (:func:`cacheable`), then each against the store, an item at a time both times."""
-    if not cacheable(key, items()):
+    index names (a superseded, or never published, unit is not). ``items`` is read twice
+    (a list, or :func:`~evalsnap.records.task_results.record_items`): checked as a whole
+    first (:func:`cacheable`), then each against the store, an item at a time both times."""
+    if not cacheable(key, items):
         return False
     try:
-        for o in _outcomes(key, items()):
+        for o in _outcomes(key, items):
             if isinstance(o, InferenceOutcome):
                 if usable_inference(store, o.oid, o.fingerprint) is None:
                     return False
