@@ -148,10 +148,13 @@ class Rows(Sequence[M], Generic[M]):
     iterates, indexes or counts them, as it would a list; rows are added at the end
     (:meth:`extend`, ``+``), and :meth:`clear` lets them all go."""
 
-    __slots__ = ("_items", "_model")
+    __slots__ = ("_items", "_model", "kept")
 
     def __init__(self, model: type[M], rows: Iterable[M] = ()) -> None:
         self._model = model
+        self.kept: dict[str, Any] | None = None
+        """Where a store keeps these rows, as the small JSON that names them (a scoring
+        task's cached result: :mod:`evalsnap.records.outcomes`); ``None``: nowhere."""
         self._items = Spool(row.model_dump_json().encode() for row in rows)
 
     @classmethod

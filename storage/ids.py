@@ -27,8 +27,10 @@ __all__ = [
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
 MAX_ID_LENGTH = 200
-#: Kinds of content-addressed objects; each is a folder under ``v1/objects/``.
-OBJECT_KINDS: tuple[str, ...] = ("inference", "snapshot", "unit", "judge", "record", "pack")
+#: Kinds of content-addressed objects; each is a folder under ``v1/objects/``. ``outcomes``:
+#: a metric's unit outcomes, which a cached scoring result names (records/outcomes.py).
+OBJECT_KINDS: tuple[str, ...] = ("inference", "snapshot", "unit", "judge", "record", "pack",
+                                 "outcomes")
 #: Kinds whose objects may have no copy but a pack's (what a scoring task writes: a pack is
 #: their only copy; a pack of other kinds is a copy for fast reads of loose objects).
 PACKED_KINDS: tuple[str, ...] = ("unit", "judge")

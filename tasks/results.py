@@ -19,7 +19,6 @@ both of Prefect's extension points are ours:
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 from typing import Any, ClassVar
@@ -30,7 +29,8 @@ from pydantic import Field
 
 from evalsnap.errors import EvalsnapError
 from evalsnap.pipeline import context, reuse
-from evalsnap.records.task_results import SERIALIZER_TYPE, loads_plain, plain, record_items
+from evalsnap.records import outcomes
+from evalsnap.records.task_results import SERIALIZER_TYPE, loads_plain, plain, record_result
 from evalsnap.rows import Rows
 from storage import TooLarge
 
@@ -43,18 +43,10 @@ class IdsSerializer(Serializer):  # type: ignore[type-arg]
     type: str = Field(default=SERIALIZER_TYPE, frozen=True)
 
     def dumps(self, obj: Any) -> bytes:
-        if isinstance(obj, Rows):  # a scoring task's outcomes: the list of each row's JSON
-            # written into one buffer as the rows are read (getvalue hands it over, no copy):
-            # joined, every row's bytes and the result were held at once (25 MB of rows of a
-            # 30,000-case metric: 55 MB at the peak, 28 MB so; tracemalloc)
-            out = io.BytesIO()
-            out.write(b"[")
-            for n, item in enumerate(obj.json_items()):
-                if n:
-                    out.write(b",")
-                out.write(item)
-            out.write(b"]")
-            return out.getvalue()
+        if isinstance(obj, Rows):  # a scoring task's outcomes: the handle of their object
+            # (evalsnap.records.outcomes), never the rows: Prefect copies what this returns
+            # ~3 times as it persists it (a row per case: ~29 MB at 30,000 cases)
+            obj = obj.kept if obj.kept is not None else outcomes.handle(None, len(obj))
         if not plain(obj):
             raise ValueError("evalsnap task results are plain JSON data (ids), "
                              f"not {type(obj).__name__}")
@@ -81,7 +73,7 @@ class StoreResults(WritableFileSystem):
         if known is not None:
             return known
         try:
-            ok = reuse.cache_hit_usable(ctx.store, key, record_items(data))
+            ok = reuse.cache_hit_usable(ctx.store, key, record_result(data))
             if not ok:
                 logger.info("cached result %s does not match the store's indexes; "
                             "running the task again", key)
@@ -104,11 +96,17 @@ class StoreResults(WritableFileSystem):
         return data
 
     def write_path(self, path: str, content: bytes, **_: Any) -> str:  # type: ignore[override]
+        ctx = context.of(self.store_url)
         try:
-            items = record_items(content)  # each parsed as it is checked, never all at once
+            result = record_result(content)  # items parsed as they are checked, never at once
+            if isinstance(result, dict):  # a scoring result: the handle of its outcomes
+                oid = outcomes.handle_oid(result)
+                ok = oid is not None and ctx.kept_outcomes.get(oid) == path
+            else:
+                ok = reuse.cacheable(path, result)
         except ValueError as exc:
             logger.warning("not caching task result %s: %s", path, exc)
             return path
-        if reuse.cacheable(path, items):
-            context.of(self.store_url).store.put_task_result(path, content)
+        if ok:
+            ctx.store.put_task_result(path, content)
         return path

@@ -9,12 +9,15 @@ from contextlib import contextmanager
 from typing import Any
 
 from prefect import task
+from pydantic import ValidationError
 
 from evalsnap import startup
+from evalsnap.errors import EvalsnapError
 from evalsnap.pipeline import context, reuse
 from evalsnap.pipeline.outcomes import UnitOutcome
 from evalsnap.pipeline.plan import Plan
 from evalsnap.pipeline.score import ScoreRequest, score_metric, units_lost
+from evalsnap.records import outcomes
 from evalsnap.rows import Rows
 from evalsnap.spec import RunOptions
 from tasks.support import cached, wait_tracked
@@ -27,8 +30,13 @@ def score_task(request: ScoreRequest) -> Rows[UnitOutcome]:
     ``tasks.inference``): the event loop lives inside the task. Its units' outcomes are
     :class:`~evalsnap.rows.Rows` (their JSON, past a few MB in a temporary file): a run of
     30,000 cases held 210,000 of them as dicts and again as models until publish."""
+    ctx = context.of(request.store_url)
     try:
-        return score_metric(request, context.of(request.store_url))
+        rows = score_metric(request, ctx)
+        # what Prefect persists is the handle of the rows kept as one object
+        # (evalsnap.records.outcomes), not the rows: a few bytes, not ~6 copies of 29 MB
+        reuse.keep_outcomes(ctx, reuse.score_cache_key(None, {"request": request}), rows)
+        return rows
     finally:
         startup.give_back_freed()  # its chunks (a scoring process scores several metrics)
 
@@ -57,9 +65,30 @@ def run_scoring(requests: list[ScoreRequest], progress: Any = None,
         if isinstance(metric, Rows):
             units.extend_json(metric.json_items())
             metric.clear()  # a scoring process's rows: the file it sent them in, too
-        else:  # a cached result read back: the list of each unit's data
+        elif isinstance(metric, dict):  # a cached result: the handle of its outcomes
+            units.extend_json(_kept_rows(r, metric).json_items())
+        else:  # a cached result of an earlier evalsnap: the list of each unit's data
             units.extend(UnitOutcome.model_validate(u) for u in metric)
     return units
+
+
+def _kept_rows(request: ScoreRequest, kept: dict[str, Any]) -> Rows[UnitOutcome]:
+    """A cached scoring result's rows, read from the object its handle names a row at a
+    time (checked already, as Prefect's cache read it: :mod:`tasks.results`); if it is
+    damaged or gone since, the metric's units say so and the run goes on."""
+    rows = Rows(UnitOutcome)
+    try:
+        oid = outcomes.handle_oid(kept)
+        if oid is None:
+            raise ValueError("it names no stored outcomes")
+        rows.extend(UnitOutcome.model_validate(u)
+                    for u in outcomes.stored_items(context.of(request.store_url).store, oid))
+    except (ValueError, ValidationError, EvalsnapError) as exc:
+        rows.clear()
+        return units_lost(request, f"its cached outcomes could not be read back ({exc}); "
+                                   "score it again (`evalsnap verify` names what is damaged)",
+                          context.of(request.store_url))
+    return rows
 
 
 def _units_of(request: ScoreRequest, future: Any) -> Rows[UnitOutcome] | list[Any]:

@@ -95,6 +95,16 @@ def test_objects_are_written_once_and_all_verify(both: dict[str, Any]) -> None:
         for m in json.loads(store.get_object("pack", oid))["members"]:
             if m["kind"] in held:
                 held[m["kind"]][m["oid"]] = m["text"].encode()
+    for name in store.list_task_results():  # a cached scoring result names its outcomes
+        result = json.loads(json.loads(store.get_task_result(name) or b"")["result"])
+        if isinstance(result, dict):
+            named["outcomes"].add(result["outcomes"])
+    assert named["outcomes"], "expected the scoring tasks' cached results to name outcomes"
+    # both runs scored each metric under one cache key: the cached result of the run that
+    # wrote last names its outcomes; the other run's are gc's (named by nothing)
+    stored = set(store.iter_objects("outcomes"))
+    assert named["outcomes"] <= stored and len(stored) <= 2 * len(named["outcomes"]), stored
+    named["outcomes"] = stored
     for oid in named["unit"]:  # judge ledger entries are named by their units
         named["judge"].update(json.loads(held["unit"][oid])["ledger"])
     assert named["judge"], "the judge metric wrote no ledger entry"

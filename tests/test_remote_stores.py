@@ -162,8 +162,10 @@ def test_verify_passes_on_the_bucket(runs: dict[str, Any]) -> None:
     assert result.json["runs"] == 2 and result.json["problems"] == []
 
 
-def _warm_flow_run_task_states(url: str, run_id_marker: str) -> list[str]:
-    """State names of the inference task runs of the --reuse flow run on ``url``."""
+def _warm_flow_run_task_states(url: str, run_id_marker: str, prefix: str = "infer "
+                               ) -> dict[str, str]:
+    """State names of the inference (``prefix``) task runs of the --reuse flow run on
+    ``url``, by task run name."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.client.schemas.sorting import FlowRunSort
@@ -175,13 +177,22 @@ def _warm_flow_run_task_states(url: str, run_id_marker: str) -> list[str]:
         assert flow_runs, f"no --reuse flow run found for {url} ({run_id_marker})"
         task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(
             id=FlowRunFilterId(any_=[flow_runs[0].id])))
-    return [tr.state_name for tr in task_runs if tr.name.startswith("infer ")]
+    return {tr.name: tr.state_name for tr in task_runs if tr.name.startswith(prefix)}
 
 
 def test_second_process_gets_prefect_cache_hits_from_the_bucket(runs: dict[str, Any]) -> None:
     with prefect_api(runs["prefect_url"]):
         states = _warm_flow_run_task_states(runs["url"], runs["warm"].json["run_id"])
-    assert states and all(s == "Cached" for s in states), states
+        # a scoring task's cached result is the handle of its outcomes object (issue 31)
+        scored = _warm_flow_run_task_states(runs["url"], runs["warm"].json["run_id"], "score ")
+    assert states and all(s == "Cached" for s in states.values()), states
+    # every metric whose units were all complete; a metric with an incomplete unit was not
+    # cached, and runs again
+    complete = {name: all(c["metrics"][name]["complete"] for c in runs["cold"].json["cases"])
+                for name in runs["cold"].json["cases"][0]["metrics"]}
+    assert any(complete.values()), complete
+    assert {name: scored.get(f"score {name}") == "Cached" for name in complete} == complete, \
+        (scored, complete)
 
 
 # ---- unusable stores: exit 2 naming the URL ---------------------------------------------------

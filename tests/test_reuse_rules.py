@@ -35,7 +35,7 @@ from fsspec.spec import AbstractFileSystem
 
 from evalsnap.records import EvaluationRecord, ScoreUnit, repo
 from tests import _packs
-from tests._cli import run_inproc
+from tests._cli import run_inproc, score_status
 from tests.conftest import CliResult, copy_shop
 
 CASES = ("weather_paris", "cart_add_two_items", "greeting_then_weather",
@@ -322,6 +322,50 @@ def damage_judge_entry(w: World) -> None:
         f"expected verify to name the damaged judge entry {oid}: {found.stdout[-2000:]}"
 
 
+def damage_outcomes(w: World) -> None:
+    """Every ``outcomes`` object (a scoring task's rows, which Prefect's cached result names:
+    issue 31) damaged — a status flipped, so that using one would show — or deleted."""
+    w.start_damage()
+    objects = w.store.files("v1/objects/outcomes")
+    assert objects, "expected the prepared store's cached scoring results to name outcomes"
+    deleted = set()
+    for n, rel in enumerate(objects):
+        oid = "sha256:" + "".join(rel.removeprefix("v1/objects/outcomes/").split("/"))
+        if n % 2:
+            w.store.delete(rel)
+            deleted.add(oid)
+            continue
+        w.damaged[oid] = "outcomes"
+        original = w.store.read(rel)
+        flipped = original.replace(b'"PASSED"', b'"FAILED"')
+        assert flipped != original, f"expected a PASSED unit in {rel}"
+        w.store.write(rel, flipped)
+    assert deleted and w.damaged, objects
+    w.notes["deleted"] = deleted
+    # verify names each, damaged or gone, at once (a deleted one through the cached result
+    # naming it; once the run below caches sound rows, nothing names it any more)
+    found = run_inproc("verify", "--store", w.store.url, "--json", env=w.env)
+    messages = " ".join(p["message"] for p in found.json["problems"])
+    named = {p["oid"] for p in found.json["problems"]}
+    assert found.code == 1 and set(w.damaged) <= named and all(o in messages for o in deleted), \
+        f"expected verify to name every damaged or deleted outcomes object: {found.stdout[-3000:]}"
+
+
+def outcomes_not_used(w: World, runs: list[CliResult]) -> None:
+    """What the damaged rows said was not used: the run's results are the base run's, and
+    each cached scoring result now names a sound object."""
+    out = runs[-1].json
+    assert score_status(out) == score_status(w.base.reuse), \
+        "expected the results of the base --reuse run, not those of the damaged rows"
+    store = w.store.open()
+    for name in store.list_task_results():
+        result = json.loads(json.loads(store.get_task_result(name) or b"")["result"])
+        if isinstance(result, dict):
+            assert result["outcomes"] not in {*w.damaged, *w.notes["deleted"]} and \
+                _sound(w, result["outcomes"], "outcomes"), result
+    _assert_new_manifests_name_no_damaged_object(w)
+
+
 class _PickleBomb:
     """Unpickling this creates the marker file (``open(marker, "w")``)."""
 
@@ -519,8 +563,8 @@ def _sound(w: World, oid: str, kind: str) -> bool:
     (from the packs it names, or a loose copy); any other object by its id."""
     from evalsnap.reports.verify import RECORD_TYPES
 
-    if kind == "pack":
-        rel = object_key("pack", oid)
+    if kind in ("pack", "outcomes"):
+        rel = object_key(kind, oid)
         return w.store.is_file(rel) and \
             "sha256:" + hashlib.sha256(w.store.read(rel)).hexdigest() == oid
     try:
@@ -623,6 +667,10 @@ SCENARIOS = [
              setup=damage_units, extra=units_rescored_cleanly, damage=True),
     Scenario("damaged_inference_object", units(), setup=damage_inference,
              extra=inference_rerun_for_one_case, damage=True),
+    # a cached scoring result whose rows are damaged or gone is absent: the task runs (its
+    # units all reused from the unit index) and caches sound rows
+    Scenario("damaged_outcomes_object", units(), setup=damage_outcomes,
+             extra=outcomes_not_used, damage=True),
     # a damaged judge entry is never an answer from the ledger: that sample is asked again
     # (verify names the entry before the run; the judge's same answer repairs it, so verify
     # is clean after)

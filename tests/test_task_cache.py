@@ -114,24 +114,99 @@ def test_the_serializer_writes_and_reads_plain_data_only() -> None:
         s.loads(b"[" * 40 + b"]" * 40)
 
 
-def test_a_scoring_tasks_rows_are_cached_as_the_list_of_their_outcomes(results) -> None:
-    """Issue 31 (memory): a scoring task returns its outcomes as :class:`Rows` (their JSON);
-    the serializer writes them as the list a cached result always was, which reads back as
-    plain data, is cacheable under its key, and validates as the same outcomes."""
+def _scored(*fps: str, complete: bool = True) -> Any:
     from evalsnap.pipeline.outcomes import UnitOutcome
     from evalsnap.rows import Rows
 
-    key = reuse.score_key("m", [("c", 0, "sha256:u1"), ("d", 0, "sha256:u2")])
-    outcomes = [UnitOutcome.model_validate(_unit("sha256:u1")),
-                UnitOutcome.model_validate({**_unit("sha256:u2"), "eval_id": "d"})]
+    return Rows(UnitOutcome, [UnitOutcome.model_validate(
+        {**_unit(fp, complete), "eval_id": f"c{n}"}) for n, fp in enumerate(fps)])
+
+
+def test_a_scoring_tasks_rows_are_kept_as_one_object_and_cached_as_its_handle(results) -> None:
+    """Issue 31 (memory): Prefect copies a task's result ~3 times as it persists it, and a
+    metric's result is a row per case; so a scoring task's rows are written as one object
+    (read back a line at a time, exactly) and the cached result is the handle naming it."""
+    from evalsnap.pipeline import context
+
+    rows = _scored("sha256:u1", "sha256:u2")
+    key = reuse.score_key("m", [("c0", 0, "sha256:u1"), ("c1", 0, "sha256:u2")])
+    with context.started(results.store_url) as ctx:  # the run's, as in a flow
+        _kept_and_written(results, ctx, key, rows)
+
+
+def _kept_and_written(results: StoreResults, ctx: Any, key: str, rows: Any) -> None:
+    from evalsnap.records import outcomes
+
+    reuse.keep_outcomes(ctx, key, rows)
+    oid = outcomes.handle_oid(rows.kept)
+    assert oid is not None and rows.kept == {"outcomes": oid, "rows": 2}
+    store = repo.open_store(results.store_url)
+    assert list(outcomes.read_lines(store, oid)) == list(rows.json_items())
+    assert json.loads(store.get_object("outcomes", oid)) == [
+        json.loads(b) for b in rows.json_items()]  # JSON to every other reader (gc)
     s = IdsSerializer()
-    data = s.loads(s.dumps(Rows(UnitOutcome, outcomes)))
-    assert data == [o.model_dump(mode="json") for o in outcomes]
-    assert reuse.cacheable(key, data)
-    assert [UnitOutcome.model_validate(u) for u in data] == outcomes
-    content = _record({"type": "evalsnap-ids"}, s.dumps(Rows(UnitOutcome, outcomes)).decode())
+    handle = s.dumps(rows)
+    assert json.loads(handle) == rows.kept and len(handle) < 100
+    content = _record({"type": "evalsnap-ids"}, handle.decode())
+    other = reuse.score_key("m", [("c0", 0, "sha256:u1")])
+    results.write_path(other, content)  # not the key these rows make: not written
+    assert store.get_task_result(other) is None
     results.write_path(key, content)
-    assert repo.open_store(results.store_url).get_task_result(key) == content
+    assert store.get_task_result(key) == content
+    # a handle of rows this process did not keep under that key is not written either
+    forged = _record({"type": "evalsnap-ids"}, json.dumps({"outcomes": "sha256:" + "1" * 64,
+                                                            "rows": 2}))
+    results.write_path(other, forged)
+    assert store.get_task_result(other) is None
+
+
+def test_rows_that_may_not_be_cached_are_not_kept(results) -> None:
+    from evalsnap.pipeline import context
+
+    store = repo.open_store(results.store_url)
+    with context.started(results.store_url) as ctx:
+        _not_kept(results, ctx, store)
+    assert list(store.iter_objects("outcomes")) == []
+
+
+def _not_kept(results: StoreResults, ctx: Any, store: Any) -> None:
+    for rows, key in [(_scored("sha256:u1", complete=False),
+                       reuse.score_key("m", [("c0", 0, "sha256:u1")])),
+                      (_scored("sha256:u1"), None)]:  # --force, or an untrusted metric
+        reuse.keep_outcomes(ctx, key, rows)
+        assert rows.kept == {"outcomes": None, "rows": 1}
+        assert IdsSerializer().loads(IdsSerializer().dumps(rows)) == rows.kept
+        if key is not None:
+            results.write_path(key, _record({"type": "evalsnap-ids"},
+                                            IdsSerializer().dumps(rows).decode()))
+            assert store.get_task_result(key) is None
+
+
+def test_a_cached_handle_is_used_only_when_its_object_is_intact(results) -> None:
+    """A handle whose object is gone, damaged or names units no index backs reads as
+    absent (the task runs), as a damaged list did."""
+    from evalsnap.pipeline import context
+    from evalsnap.records import outcomes
+
+    rows = _scored("sha256:u1")
+    key = reuse.score_key("m", [("c0", 0, "sha256:u1")])
+    with context.started(results.store_url) as ctx:
+        reuse.keep_outcomes(ctx, key, rows)
+    store = repo.open_store(results.store_url)
+    oid = outcomes.handle_oid(rows.kept)
+    content = _record({"type": "evalsnap-ids"}, IdsSerializer().dumps(rows).decode())
+    for handle in (rows.kept, {"outcomes": "sha256:" + "2" * 64, "rows": 1},
+                   {"outcomes": "../x", "rows": 1}, {"outcomes": oid, "rows": 0}):
+        assert not reuse.cache_hit_usable(store, key, handle)  # no unit index backs it
+    _plant(results, key, content)
+    with pytest.raises(FileNotFoundError):
+        results.read_path(key)
+    path = Path(results.store_url) / "v1" / "objects" / "outcomes" / oid[7:9] / oid[9:]
+    assert path.is_file(), list(Path(results.store_url).rglob("*"))
+    path.write_bytes(path.read_bytes().replace(b'"PASSED"', b'"FAILED"'))
+    fresh = repo.open_store(results.store_url)
+    with pytest.raises(Exception, match="sha256|corrupt|hash"):
+        list(outcomes.read_lines(fresh, oid))
 
 
 def test_no_key_with_force_or_for_an_untrusted_metric_and_no_read_without_reuse() -> None:

@@ -77,7 +77,7 @@ def test_clean_store_verifies(tmp_path: Path, local: bool) -> None:
     assert report.ok, report.findings
     assert report.runs == 1
     assert report.objects == {"inference": 1, "snapshot": 1, "unit": 1, "judge": 1, "record": 1,
-                              "pack": 0}
+                              "pack": 0, "outcomes": 0}
 
 
 @pytest.mark.parametrize("kind", ["inference", "snapshot", "unit", "judge", "record"])
@@ -172,6 +172,33 @@ def test_a_damaged_cached_task_result_is_a_finding_and_deleting_it_clears_it(
     assert bad.json["task_results"] == 1
     Path(problem["location"]).unlink()
     assert run_inproc("verify", "--store", store.url).code == 0
+
+
+@pytest.mark.parametrize("damage", ["deleted", "damaged", "not-rows"])
+def test_a_cached_results_outcomes_object_missing_or_damaged_is_a_finding(
+        tmp_path: Path, damage: str) -> None:
+    """A cached scoring result is the handle of an ``outcomes`` object (issue 31): verify
+    names the object when it is gone or damaged, and the cached result that names it."""
+    store = _store(tmp_path, local=True)
+    _build(store)
+    rows = b'{"eval_id": "c", "unit_oid": "sha256:%s"}' % (b"0" * 64)
+    body = b"[\n" + rows + b"\n]\n" if damage != "not-rows" else b'[{"a": 1}]'
+    oid = store.put_object("outcomes", body)
+    handle = json.dumps({"outcomes": oid, "rows": 1})
+    store.put_task_result("score-" + "0" * 64, json.dumps(
+        {"metadata": {"serializer": {"type": "evalsnap-ids"}}, "result": handle}).encode())
+    assert run_inproc("verify", "--store", store.url).code == (0 if damage != "not-rows" else 1)
+    path = tmp_path / "store" / "v1" / "objects" / "outcomes" / oid[7:9] / oid[9:]
+    if damage == "deleted":
+        path.unlink()
+    elif damage == "damaged":
+        path.write_bytes(body.replace(b'"c"', b'"d"'))
+    bad = run_inproc("verify", "--store", store.url, "--json")
+    assert bad.code == 1, bad.stderr
+    kinds = {p["kind"] for p in bad.json["problems"]}
+    assert "task_result" in kinds and any(oid in p["message"] for p in bad.json["problems"]), \
+        bad.json["problems"]
+    assert (damage == "deleted") == ("outcomes" not in kinds), bad.json["problems"]
 
 
 def test_a_missing_page_is_noted_not_failed_and_report_writes_it_again(

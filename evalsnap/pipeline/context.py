@@ -101,6 +101,10 @@ class RunContext:
         self.progress = Progress()
         self.commits = Commits()
         self.verdicts = Verdicts()
+        #: The outcomes objects this process's scoring tasks wrote, and the cache key each
+        #: may be cached under (:func:`evalsnap.pipeline.reuse.keep_outcomes`): what the
+        #: result storage writes a handle of without reading the object back.
+        self.kept_outcomes: dict[str, str] = {}
         #: Failures of the run's inference that no retry fixes, by inference fingerprint
         #: (:mod:`evalsnap.pipeline.infer`: a retry of their batch does not run them again).
         self.settled: dict[str, Any] = {}

@@ -36,9 +36,11 @@ from pydantic import ValidationError
 from evalsnap.errors import EvalsnapError
 from evalsnap.fingerprint import unit_fingerprint
 from evalsnap.pipeline import hints, ledger
+from evalsnap.pipeline.context import RunContext
 from evalsnap.pipeline.judge import LedgerSource
 from evalsnap.pipeline.outcomes import InferenceOutcome, UnitOutcome
-from evalsnap.records import FrozenCase, InferenceRecord, MetricRule, ScoreUnit, repo
+from evalsnap.records import FrozenCase, InferenceRecord, MetricRule, ScoreUnit, outcomes, repo
+from evalsnap.rows import Rows
 from storage import Store
 
 logger = logging.getLogger(__name__)
@@ -255,16 +257,40 @@ def cacheable(key: str, value: Iterable[Any]) -> bool:
     return key == _score_key(names.pop(), lines.hexdigest())
 
 
-def cache_hit_usable(store: Store, key: str, items: Iterable[Any]) -> bool:
+def keep_outcomes(ctx: RunContext, key: str | None, rows: Rows[UnitOutcome]) -> None:
+    """Keeps a scoring task's rows for Prefect's cache (:mod:`evalsnap.records.outcomes`):
+    if they may be cached under ``key`` (:func:`cacheable`) they are written as one object,
+    a row at a time, and ``rows.kept`` is the handle that names it, which the cached result
+    holds instead of the rows (and which the run's result storage, in this process, writes
+    under ``key`` alone); else nothing is written and the handle names nothing."""
+    if key is None or not cacheable(key, rows):
+        rows.kept = outcomes.handle(None, len(rows))
+        return
+    oid = ctx.store.put_object_streamed(outcomes.KIND, outcomes.encode(rows.json_items()))
+    ctx.kept_outcomes[oid] = key
+    rows.kept = outcomes.handle(oid, len(rows))
+
+
+def cache_hit_usable(store: Store, key: str, items: Iterable[Any] | dict[str, Any]) -> bool:
     """Whether a result Prefect's cache holds under ``key`` may be used, item by item: an
     inference must pass the same checks as an indexed one (two cases with the same inputs
     may each have their own record of one fingerprint), a unit must be the very one the unit
     index names (a superseded, or never published, unit is not). ``items`` is read twice
     (a list, or :func:`~evalsnap.records.task_results.record_items`): checked as a whole
-    first (:func:`cacheable`), then each against the store, an item at a time both times."""
-    if not cacheable(key, items):
-        return False
+    first (:func:`cacheable`), then each against the store, an item at a time both times.
+    A scoring result is a handle of its stored outcomes (:func:`keep_outcomes`): their
+    object is read a row at a time, twice, and must be intact and present."""
+    if isinstance(items, dict):
+        try:
+            oid = outcomes.handle_oid(items)
+        except (ValueError, EvalsnapError):
+            return False
+        if oid is None or not key.startswith("score-"):
+            return False
+        items = outcomes.stored_items(store, oid)
     try:
+        if not cacheable(key, items):  # (a stored object gone or damaged: EvalsnapError)
+            return False
         for o in _outcomes(key, items):
             if isinstance(o, InferenceOutcome):
                 if usable_inference(store, o.oid, o.fingerprint) is None:
@@ -273,6 +299,6 @@ def cache_hit_usable(store: Store, key: str, items: Iterable[Any]) -> bool:
                 hit = find_unit(store, o.unit_fingerprint)
                 if isinstance(hit, str) or hit[0] != o.unit_oid:
                     return False
-    except (ValidationError, TypeError, ValueError, RecursionError):
+    except (ValidationError, TypeError, ValueError, RecursionError, EvalsnapError):
         return False
     return True

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evalsnap.errors import CorruptRecordError, EvalsnapError, NotFoundError
-from evalsnap.records import RunManifest, repo, segments
+from evalsnap.records import RunManifest, outcomes, repo, segments
 from evalsnap.records._base import parse_stored
 from evalsnap.records.repo import UNREADABLE_MANIFEST
 from storage import InvalidId, ObjectNotFound, Store
@@ -88,6 +88,9 @@ def _links(kind: str, raw: Any) -> tuple[set[str], str | None]:
     def get(d: Any, key: str) -> Any:
         return d.get(key) if isinstance(d, dict) else None
 
+    if kind == outcomes.KIND and isinstance(raw, list):  # a cached scoring result's rows
+        return {o for i in raw if isinstance(i, dict) for k in ("oid", "unit_oid")
+                if isinstance(o := i.get(k), str)}, None
     if not isinstance(raw, dict) or raw.get("schema_version") != 1:
         return oids_in(raw), None
     if kind == "record":
@@ -163,6 +166,9 @@ def ref_target(kind: str, data: bytes | None, where: str) -> set[str] | None:
                     or serializer.get("type") != "evalsnap-ids":
                 return None
             items = parse_stored(result.encode(), what=where)
+            if isinstance(items, dict):  # a scoring result: its outcomes object, which names
+                oid = items.get(outcomes.KIND)  # the units (followed as it is marked)
+                return {oid} if isinstance(oid, str) and OID.fullmatch(oid) else None
             named = {i.get(k) for i in items if isinstance(i, dict) for k in ("oid", "unit_oid")} \
                 if isinstance(items, list) else set()
             return {o for o in named if isinstance(o, str)} or None

@@ -93,12 +93,14 @@ may hide a writer that started after gc read it."""
 _REPORT = re.compile(r"^([0-9a-f]{64})\.(?:html|json)$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 #: Rows of the table, in this order. ``other`` files are left alone.
-KINDS = ("run", "record", "snapshot", "inference", "unit", "judge", "pack", *INDEX_KINDS,
+KINDS = ("run", "record", "snapshot", "inference", "unit", "judge", "pack", "outcomes",
+         *INDEX_KINDS,
          "prefect result", "report", "adk history", *MARKS.values(), "temporary file")
 _WAITING = (*INDEX_KINDS, "prefect result")
-_OBJECTS = ("record", "snapshot", "unit", "judge", "inference", "pack")
+_OBJECTS = ("record", "snapshot", "unit", "judge", "inference", "pack", "outcomes")
 _DELETE_ORDER = ("run", *INDEX_KINDS, "prefect result", "report", "adk history",
-                 "temporary file", "record", "pack", "snapshot", "unit", "judge", "inference")
+                 "temporary file", "record", "outcomes", "pack", "snapshot", "unit", "judge",
+                 "inference")
 
 
 def parse_duration(text: str) -> float:

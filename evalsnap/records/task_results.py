@@ -46,13 +46,29 @@ def loads_plain(data: bytes | str) -> Any:
 
 def record_items(data: bytes) -> Iterable[Any]:
     """The result inside a stored result record, if the record is one of ours, an item at a
-    time, each parsed as it is reached (a metric's result holds one row per case: the check
+    time, each parsed as it is reached (a metric's result held one row per case: the check
     of a 6,006-case metric's 5.8 MB record held 17.4 MB at its peak parsed whole, 11.0 MB
     so, the record's text and its result's; tracemalloc). The record is parsed once; each
     iteration reads its items afresh. ``ValueError`` from the call for a record that is not
     ours; from an iteration for a result that is not a list of plain items."""
-    text = _result_text(data)
+    return _items(_result_text(data))
 
+
+def record_result(data: bytes) -> Iterable[Any] | dict[str, Any]:
+    """The result inside a stored result record: a list's items as :func:`record_items`
+    gives them (an inference batch's outcomes; a scoring result of an earlier evalsnap), or
+    the object a scoring result is now (the handle of its stored outcomes,
+    :mod:`evalsnap.records.outcomes`), parsed."""
+    text = _result_text(data)
+    if text.lstrip().startswith("{"):
+        value = loads_plain(text)
+        if not isinstance(value, dict):  # pragma: no cover - strict_json of "{…" is one
+            raise ValueError("not a list or an object")
+        return value
+    return _items(text)
+
+
+def _items(text: str) -> Iterable[Any]:
     class _Items:
         def __iter__(self) -> Iterator[Any]:
             for item in scan_array(text):

@@ -39,12 +39,13 @@ from evalsnap.records import (
     Snapshot,
     StoredModel,
     marks,
+    outcomes,
     pack,
     repo,
     segments,
 )
 from evalsnap.records._base import parse_stored
-from evalsnap.records.task_results import record_items
+from evalsnap.records.task_results import record_result
 from evalsnap.reports.history import REPORTS
 from storage import OBJECT_KINDS, InvalidId, Store, TooLarge
 from storage.gc import list_files
@@ -164,9 +165,13 @@ def _scan_objects(store: Store, report: VerifyReport) -> _Objects:
             if (kind, oid) in objects.bad:
                 continue
             try:
+                if kind == outcomes.KIND:  # a cached scoring result's rows: JSON data, a row
+                    for _ in outcomes.stored_items(store, oid):  # a line, each let go of
+                        pass
+                    continue
                 data = store.get_object(kind, oid)
                 objects.parsed[(kind, oid)] = RECORD_TYPES[kind].from_bytes(data, where=oid)
-            except EvalsnapError as exc:
+            except (EvalsnapError, ValueError) as exc:
                 # Hash fine but not a readable record, or corrupted since the first pass.
                 objects.bad[(kind, oid)] = str(exc)
                 report.findings.append(Finding(kind, store.object_url(kind, oid), str(exc), oid))
@@ -356,16 +361,24 @@ def _check_indexes(store: Store, report: VerifyReport) -> None:
                 report.findings.append(Finding("index", url, str(exc)))
 
 
-def _check_task_results(store: Store, report: VerifyReport) -> None:
+def _check_task_results(store: Store, report: VerifyReport, objects: _Objects) -> None:
     for name in store.list_task_results():
         report.task_results += 1
         try:
             data = store.get_task_result(name)
             if data is None:
                 continue  # replaced or removed since the listing
-            for _ in record_items(data):  # each item parsed and let go of in turn
+            result = record_result(data)
+            if isinstance(result, dict):  # a scoring result: the handle of its outcomes
+                oid = outcomes.handle_oid(result)
+                problem = objects.problem(outcomes.KIND, oid) if oid is not None else \
+                    "it names no stored outcomes"
+                if problem is not None:
+                    raise ValueError(problem)
+                continue
+            for _ in result:  # each item parsed and let go of in turn
                 pass
-        except (ValueError, RecursionError, TooLarge) as exc:
+        except (ValueError, RecursionError, TooLarge, InvalidId) as exc:
             url = f"{store.url.rstrip('/')}/v1/prefect/{name}"
             report.findings.append(Finding(
                 "task_result", url, f"cached Prefect task result is unusable ({exc}); runs ignore "
@@ -410,6 +423,6 @@ def verify_store(store: Store) -> VerifyReport:
                 f"best effort); `evalsnap report {name} --store-page --store {store.url}` "
                 "writes it again")
     _check_indexes(store, report)
-    _check_task_results(store, report)
+    _check_task_results(store, report, objects)
     _check_marks(store, report)
     return report
