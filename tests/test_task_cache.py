@@ -274,3 +274,18 @@ def test_a_result_is_checked_an_item_at_a_time_as_it_is_read() -> None:
         assert not reuse.cacheable(key, record_items(_record({"type": "evalsnap-ids"}, result)))
     with pytest.raises(ValueError):  # not ours: refused when asked, before any item
         record_items(_record({"type": "pickle"}, text))
+
+
+def test_gc_follows_a_handle_to_its_outcomes_and_their_units() -> None:
+    """gc keeps what a cached result names: a scoring result's outcomes object, and the
+    units its rows name (as it kept the units a cached list named)."""
+    from evalsnap.records._gc_mark import _links, ref_target
+
+    oid, unit = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    handle = _record({"type": "evalsnap-ids"}, json.dumps({"outcomes": oid, "rows": 1}))
+    assert ref_target("prefect result", handle, "v1/prefect/x") == {oid}
+    listed = _record({"type": "evalsnap-ids"}, json.dumps([_unit("sha256:u1")]))
+    assert ref_target("prefect result", listed, "v1/prefect/x") == {"sha256:" + "0" * 64}
+    assert _links("outcomes", [{**_unit("sha256:u1"), "unit_oid": unit}]) == ({unit}, None)
+    crafted = _record({"type": "evalsnap-ids"}, json.dumps({"outcomes": "../../x", "rows": 1}))
+    assert ref_target("prefect result", crafted, "v1/prefect/x") is None
