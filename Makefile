@@ -38,8 +38,8 @@ bench: $(STAMP)
 	$(BIN)/python -m bench --suite
 
 lint: $(STAMP)
-	$(BIN)/ruff check evalsnap storage flows tasks tests
-	$(BIN)/mypy evalsnap storage tasks flows
+	$(BIN)/ruff check evalsnap storage flows tasks tests bench
+	$(BIN)/mypy evalsnap storage tasks flows bench
 
 clean:
 	rm -rf .evalsnap examples/shop_agent/.adk

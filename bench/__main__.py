@@ -158,13 +158,13 @@ def run(sizes: list[int], reps: int, scenarios: set[int],
                              "scored_units": res["scored_units"]})
         if 6 in scenarios:
             env = {**base_env, "EVALSNAP_DEMO_LATENCY_MS": "0"}
-            adk = measure(adk_cmd(agent, evalset), env)
+            adk_size = measure(adk_cmd(agent, evalset), env)
             store = work / "store-size"
             res = measure(evalsnap_cmd("run", str(agent), str(evalset), "--store", str(store)),
                           env)
             size = sum(f.stat().st_size for f in store.rglob("*") if f.is_file())
-            rows.append({"scenario": 6, "n": n, "adk_wall": adk["wall"],
-                         "evalsnap_wall": res["wall"], "adk_rss_mb": adk["rss_mb"],
+            rows.append({"scenario": 6, "n": n, "adk_wall": adk_size["wall"],
+                         "evalsnap_wall": res["wall"], "adk_rss_mb": adk_size["rss_mb"],
                          "evalsnap_rss_mb": res["rss_mb"], "store_mb": size / 2**20,
                          "store_kb_per_case": size / 1024 / n})
         shutil.rmtree(work, ignore_errors=True)
