@@ -95,7 +95,8 @@ def test_the_memory_bench_names_the_phase_each_sample_came_in(tmp_path: Path):
             ("freeze-e31", "2026-01-01 12:00:12", "2026-01-01 12:00:13"),
             ("score final_state_match", "2026-01-01 12:00:14", "2026-01-01 12:00:20"),
             ("publish-947", "2026-01-01 12:00:21", "2026-01-01 12:00:30"),
-            ("never ended", "2026-01-01 12:00:40", None)])
+            ("never ended", "2026-01-01 12:00:40", None),
+            ("score of the run before", "2026-01-01 11:59:00", "2026-01-01 11:59:30")])
     tasks = _task_runs(db, started)
     assert [round(t[0]) for t in tasks[:3]] == [2, 3, 12]
     assert [_phase(tasks, at) for at in (1, 5, 12.5, 13.5, 15, 25, 31, 50)] == [
@@ -104,7 +105,11 @@ def test_the_memory_bench_names_the_phase_each_sample_came_in(tmp_path: Path):
     rows = [{"cases": 100, "wall": 10.0, "exit": 3, "peak_mb": 400.0, "peak_in": "publish",
              "phases_mb": {"infer": 300, "publish": 400}, "others_mb": [200]},
             {"cases": 300, "wall": 31.0, "exit": 3, "peak_mb": 440.0, "peak_in": "infer",
-             "phases_mb": {"infer": 440, "freeze": 350}, "others_mb": [210]}]
+             "phases_mb": {"infer": 440, "freeze": 350}, "others_mb": [210]},
+            {"cases": 300, "run": "reuse", "wall": 6.0, "exit": 3, "peak_mb": 300.0,
+             "peak_in": "publish", "phases_mb": {"publish": 300}, "others_mb": []}]
     table = render(rows)
-    assert "| 300 | 31 | 3.10× | 3.00× | 440 | 1.10× | infer |" in table
-    assert "| publish | 400 |  |" in table and "| freeze |  | 350 |" in table
+    assert "| 300 | cold | 31 | 3.10× | 3.00× | 440 | 1.10× | infer |" in table
+    # a --reuse run's ratios are to the first --reuse run (here itself)
+    assert "| 300 | reuse | 6 | 1.00× | 1.00× | 300 | 1.00× | publish |" in table
+    assert "| publish | 400 |  | 300 |" in table and "| freeze |  | 350 |  |" in table
