@@ -7,13 +7,15 @@ any ``__class__`` a file names). A store anyone can write to must never get that
 both of Prefect's extension points are ours:
 
 * :class:`IdsSerializer` (``type: evalsnap-ids``) writes and reads plain JSON data (lists,
-  dicts, strings, numbers) and nothing else;
+  dicts, strings, numbers) and nothing else; a scoring task's rows it writes as the handle
+  of the object they are kept in (:mod:`evalsnap.records.outcomes`), never the rows;
 * :class:`StoreResults`, the result storage, keeps records in the evalsnap store
   (``v1/prefect/<key>``, with the store's deadlines) and hands Prefect a record only if it
   parses as plain JSON, names our serializer, and holds exactly what the reuse authority
   (:func:`evalsnap.pipeline.reuse.cache_hit_usable`) would hand out itself; anything else
   reads as absent, so the task runs. It writes only what
-  :func:`evalsnap.pipeline.reuse.cacheable` allows.
+  :func:`evalsnap.pipeline.reuse.cacheable` allows: a handle only under the key its rows
+  were kept for, in this process (:func:`evalsnap.pipeline.reuse.keep_outcomes`).
 """
 
 from __future__ import annotations

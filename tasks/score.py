@@ -66,7 +66,9 @@ def run_scoring(requests: list[ScoreRequest], progress: Any = None,
             units.extend_json(metric.json_items())
             metric.clear()  # a scoring process's rows: the file it sent them in, too
         elif isinstance(metric, dict):  # a cached result: the handle of its outcomes
-            units.extend_json(_kept_rows(r, metric).json_items())
+            kept = _kept_rows(r, metric)
+            units.extend_json(kept.json_items())
+            kept.clear()
         else:  # a cached result of an earlier evalsnap: the list of each unit's data
             units.extend(UnitOutcome.model_validate(u) for u in metric)
     return units
@@ -91,7 +93,8 @@ def _kept_rows(request: ScoreRequest, kept: dict[str, Any]) -> Rows[UnitOutcome]
     return rows
 
 
-def _units_of(request: ScoreRequest, future: Any) -> Rows[UnitOutcome] | list[Any]:
+def _units_of(request: ScoreRequest, future: Any
+              ) -> Rows[UnitOutcome] | dict[str, Any] | list[Any]:
     """A metric task's units; when its scoring process died under it (user code that called
     ``os._exit``, a crash), the metric's units say so instead of the run failing."""
     try:

@@ -45,8 +45,9 @@ def handle(oid: str | None, rows: int) -> dict[str, Any]:
 
 def handle_oid(value: Any) -> str | None:
     """The object a cached result names, if ``value`` is a handle of a kept object;
-    ``None`` if it is not a handle; ``ValueError`` for a handle that names nothing valid."""
-    if not isinstance(value, dict) or set(value) != {KIND, _ROWS}:
+    ``None`` if it is not a handle, or one of rows that were not kept (nothing to cache);
+    ``ValueError`` (``InvalidId``) for a handle that names no valid object."""
+    if not isinstance(value, dict) or set(value) != {KIND, _ROWS} or value[KIND] is None:
         return None
     oid, count = value[KIND], value[_ROWS]
     if not isinstance(oid, str) or not isinstance(count, int) or isinstance(count, bool) \
