@@ -75,6 +75,8 @@ MAX_REF_BYTES = 256 * 2**20
 MAX_OBJECT_BYTES = 1024 * 2**20
 #: The kind of objects that hold other objects (see :meth:`Store.open_packs`).
 PACK_KIND = "pack"
+#: A metric's unit outcomes, which a cached scoring result names (evalsnap/records/outcomes.py).
+OUTCOMES_KIND = "outcomes"
 #: Packs opened at once when reads ask for their members (each is up to a few MB; the one
 #: that holds what is asked is usually known, so one at a time).
 PACK_OPEN_BATCH = 1
@@ -97,8 +99,9 @@ def set_unpacker(unpack: Unpacker) -> None:
 
 def _kept(kind: str, data: bytes) -> bytes | None:
     """What the read cache keeps of an object just written: not a pack's bytes (its writer
-    keeps its members, :meth:`Store.hold_members`, and lets go of the pack at once)."""
-    return None if kind == PACK_KIND else data
+    keeps its members, :meth:`Store.hold_members`, and lets go of the pack at once), nor a
+    metric's outcomes (its writer holds them; a later run reads them)."""
+    return None if kind in (PACK_KIND, OUTCOMES_KIND) else data
 
 
 def _read_cache() -> ReadCache:

@@ -153,3 +153,18 @@ def test_a_key_put_again_holds_what_was_put_last() -> None:
     slabs = len(lru._slabs)
     lru.put("result", b"longer" * 100)  # the same again: no copy, no new place
     assert len(lru._slabs) == slabs and lru.get("result") == b"longer" * 100
+
+
+def test_a_written_outcomes_object_is_not_kept_in_the_read_cache() -> None:
+    """A metric's outcomes (a row per case, ~29 MB at 30,000 cases) are held by the task
+    that wrote them and read by a later run: like a pack's bytes, not kept on writing."""
+    from storage import Store
+    from storage._layout import object_rel
+
+    store = Store("memory://read-cache-outcomes")
+    store.new_run()
+    oid = store.put_object_streamed("outcomes", [b"[\n", b"{}\n]\n"])
+    other = store.put_object("inference", b"{}")
+    assert not store._cache.holds(object_rel("outcomes", oid))
+    assert store._cache.holds(object_rel("inference", other))  # the test can see a kept one
+    assert store.get_object("outcomes", oid) == b"[\n{}\n]\n"
