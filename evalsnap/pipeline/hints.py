@@ -121,7 +121,7 @@ def _prove_units(store: Store, record_oid: str, record: EvaluationRecord, proved
         if ref.unit_oid not in proved:
             continue
         try:
-            unit = repo.get(store, ScoreUnit, ref.unit_oid)  # from memory: proved above
+            unit = repo.get(store, ScoreUnit, ref.unit_oid)  # the read cache, else its pack
         except EvalsnapError:
             continue
         if unit.unit_fingerprint != ref.unit_fingerprint or (ref.reused and not unit.complete):
