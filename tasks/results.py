@@ -106,7 +106,7 @@ class StoreResults(WritableFileSystem):
                 ok = oid is not None and ctx.kept_outcomes.get(oid) == path
             else:
                 ok = reuse.cacheable(path, result)
-        except ValueError as exc:
+        except (ValueError, EvalsnapError) as exc:
             logger.warning("not caching task result %s: %s", path, exc)
             return path
         if ok:

@@ -158,6 +158,9 @@ def _kept_and_written(results: StoreResults, ctx: Any, key: str, rows: Any) -> N
                                                             "rows": 2}))
     results.write_path(other, forged)
     assert store.get_task_result(other) is None
+    crafted = _record({"type": "evalsnap-ids"}, json.dumps({"outcomes": "../x", "rows": 2}))
+    results.write_path(other, crafted)  # refused, not raised (an id that is no object id)
+    assert store.get_task_result(other) is None
 
 
 def test_rows_that_may_not_be_cached_are_not_kept(results, caplog) -> None:

@@ -9,7 +9,7 @@ a *handle* of a few bytes that names it (:func:`handle`).
 
 The object is a JSON list with one row on each line (``[``, a row and a comma per line, the
 last row without one, ``]``): JSON to every reader of the store (gc follows the ids in it,
-``verify`` parses it), and read a line at a time as its parts come (:func:`rows`), so that
+``verify`` parses it), and read a line at a time as its parts come (:func:`lines`), so that
 no reader holds it whole. Parsed as data; nothing in it is imported or run.
 """
 
@@ -18,10 +18,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from evalsnap.records.task_results import loads_plain
 from storage import validate_oid
 
 KIND = "outcomes"
-#: The one key of a handle that names the object (a handle is ``{KIND: oid, "rows": n}``).
+#: A handle is ``{KIND: oid, _ROWS: the number of rows}`` (``{"outcomes": …, "rows": n}``).
 _ROWS = "rows"
 #: A row is ~1 KB; a line far longer is not one (a crafted object read a part at a time).
 MAX_ROW_BYTES = 4 << 20
@@ -46,7 +47,8 @@ def handle(oid: str | None, rows: int) -> dict[str, Any]:
 def handle_oid(value: Any) -> str | None:
     """The object a cached result names, if ``value`` is a handle of a kept object;
     ``None`` if it is not a handle, or one of rows that were not kept (nothing to cache);
-    ``ValueError`` (``InvalidId``) for a handle that names no valid object."""
+    ``ValueError`` for a handle that names no object, ``InvalidId`` for one whose id is
+    not an object id."""
     if not isinstance(value, dict) or set(value) != {KIND, _ROWS} or value[KIND] is None:
         return None
     oid, count = value[KIND], value[_ROWS]
@@ -99,8 +101,6 @@ def read_lines(store: Any, oid: str) -> Iterator[bytes]:
 def stored_items(store: Any, oid: str) -> Iterable[Any]:
     """The rows of the stored object ``oid`` as plain JSON data, a line at a time (each
     iteration reads the object afresh; see :func:`read_lines` for when it is verified)."""
-    from evalsnap.records.task_results import loads_plain
-
     class _Items:
         def __iter__(self) -> Iterator[Any]:
             for line in read_lines(store, oid):
