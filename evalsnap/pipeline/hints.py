@@ -108,7 +108,7 @@ def _proved_members(store: Store, record: EvaluationRecord) -> dict[str, set[str
             for kind, got in proved.items():
                 got |= store.prove_objects(kind, {oid: data for (k, oid), data in found.items()
                                                   if k == kind})
-        del opened
+        del opened  # before the next batch is read, not after
     return proved
 
 

@@ -82,6 +82,12 @@ def oids_in(value: Any) -> set[str]:
     return set().union(*(oids_in(v) for v in items)) if items else set()
 
 
+def _outcome_ids(items: list[Any]) -> set[str]:
+    """What a task's outcomes name: an inference's record, a unit's object."""
+    return {o for i in items if isinstance(i, dict) for k in ("oid", "unit_oid")
+            if isinstance(o := i.get(k), str)}
+
+
 def _links(kind: str, raw: Any) -> tuple[set[str], str | None]:
     """What an object of ``kind`` names (its ids) and, for a record, its ADK history copy.
     A shape this evalsnap does not write is followed everywhere (keeping too much is safe)."""
@@ -89,8 +95,7 @@ def _links(kind: str, raw: Any) -> tuple[set[str], str | None]:
         return d.get(key) if isinstance(d, dict) else None
 
     if kind == outcomes.KIND and isinstance(raw, list):  # a cached scoring result's rows
-        return {o for i in raw if isinstance(i, dict) for k in ("oid", "unit_oid")
-                if isinstance(o := i.get(k), str)}, None
+        return _outcome_ids(raw), None
     if not isinstance(raw, dict) or raw.get("schema_version") != 1:
         return oids_in(raw), None
     if kind == "record":
@@ -169,9 +174,7 @@ def ref_target(kind: str, data: bytes | None, where: str) -> set[str] | None:
             if isinstance(items, dict):  # a scoring result: its outcomes object, which names
                 oid = items.get(outcomes.KIND)  # the units (followed as it is marked)
                 return {oid} if isinstance(oid, str) and OID.fullmatch(oid) else None
-            named = {i.get(k) for i in items if isinstance(i, dict) for k in ("oid", "unit_oid")} \
-                if isinstance(items, list) else set()
-            return {o for o in named if isinstance(o, str)} or None
+            return (_outcome_ids(items) if isinstance(items, list) else set()) or None
         entry = repo.parse_index_entry(kind, data, where=where)
     except CorruptRecordError:
         return None

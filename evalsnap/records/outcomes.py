@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from evalsnap.records.task_results import loads_plain
+from evalsnap.records.task_results import Reiterable, loads_plain
 from storage import validate_oid
 
 KIND = "outcomes"
@@ -101,9 +101,4 @@ def read_lines(store: Any, oid: str) -> Iterator[bytes]:
 def stored_items(store: Any, oid: str) -> Iterable[Any]:
     """The rows of the stored object ``oid`` as plain JSON data, a line at a time (each
     iteration reads the object afresh; see :func:`read_lines` for when it is verified)."""
-    class _Items:
-        def __iter__(self) -> Iterator[Any]:
-            for line in read_lines(store, oid):
-                yield loads_plain(line)
-
-    return _Items()
+    return Reiterable(lambda: (loads_plain(line) for line in read_lines(store, oid)))

@@ -9,7 +9,7 @@ parse of such a record, used by the result storage before Prefect sees a record 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from evalsnap.jsonsafe import scan_array, strict_json
@@ -68,15 +68,24 @@ def record_result(data: bytes) -> Iterable[Any] | dict[str, Any]:
     return _items(text)
 
 
-def _items(text: str) -> Iterable[Any]:
-    class _Items:
-        def __iter__(self) -> Iterator[Any]:
-            for item in scan_array(text):
-                if not plain(item, 1):
-                    raise ValueError("nested too deeply for a task result")
-                yield item
+class Reiterable(Iterable[Any]):
+    """Items read afresh by each iteration (``make`` gives a new iterator each time)."""
 
-    return _Items()
+    def __init__(self, make: Callable[[], Iterator[Any]]) -> None:
+        self._make = make
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._make()
+
+
+def _items(text: str) -> Iterable[Any]:
+    def items() -> Iterator[Any]:
+        for item in scan_array(text):
+            if not plain(item, 1):
+                raise ValueError("nested too deeply for a task result")
+            yield item
+
+    return Reiterable(items)
 
 
 def _result_text(data: bytes) -> str:
